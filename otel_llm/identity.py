@@ -1,0 +1,125 @@
+"""A request's trace identity, fixed at ``queued`` so ``traceparent()`` works while the request runs.
+
+Spans are built only when a request finishes, but a client may want the trace id at once. So the root
+span's trace id and span id are drawn at ``queued``, and when the spans are built the SDK tracer is made
+to use exactly those ids: its ``id_generator`` (a public attribute of the SDK ``Tracer``) is wrapped by
+``PresetIds``, which hands out a preset pair once, on the building thread, and otherwise defers to the
+original generator. Parents come from a W3C carrier (remote) or the caller's active span (local).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from opentelemetry.trace import SpanContext, TraceFlags
+
+_log = logging.getLogger(__name__)
+
+_TRACEPARENT_VERSION = "00"
+
+
+class PresetIds:
+    """An IdGenerator that returns a preset trace id / span id once, then defers to ``inner``."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self._local = threading.local()
+
+    def preset(self, trace_id: int, span_id: int) -> None:
+        self._local.trace_id = trace_id
+        self._local.span_id = span_id
+
+    def clear(self) -> None:
+        self._local.trace_id = self._local.span_id = None
+
+    def generate_trace_id(self) -> int:
+        trace_id = getattr(self._local, "trace_id", None)
+        if trace_id is None:
+            return self.inner.generate_trace_id()
+        self._local.trace_id = None
+        return trace_id
+
+    def generate_span_id(self) -> int:
+        span_id = getattr(self._local, "span_id", None)
+        if span_id is None:
+            return self.inner.generate_span_id()
+        self._local.span_id = None
+        return span_id
+
+    def is_trace_id_random(self) -> bool:
+        return True
+
+
+def new_trace_id() -> int:
+    """128 random bits, never zero (W3C: all-zero ids are invalid)."""
+    return random.getrandbits(128) or 1
+
+
+def new_span_id() -> int:
+    return random.getrandbits(64) or 1
+
+
+def normalize_carrier(carrier: Any) -> dict[str, str] | None:
+    """Header names lower-cased, values made strings; None when nothing usable is in it.
+
+    Clients send header names in any case and frameworks hand over bytes or lists; the W3C propagator
+    expects lower-case string keys with string values.
+    """
+    if carrier is None:
+        return None
+    items = carrier.items() if isinstance(carrier, Mapping) else carrier
+    headers: dict[str, str] = {}
+    try:
+        for key, value in items:
+            if isinstance(key, bytes):
+                key = key.decode("latin-1")
+            if not isinstance(key, str):
+                continue
+            if isinstance(value, (list, tuple)):
+                value = value[0] if value else ""
+            if isinstance(value, bytes):
+                value = value.decode("latin-1")
+            if isinstance(value, str):
+                headers[key.lower()] = value
+    except (TypeError, ValueError):  # not a mapping nor pairs: treated as no carrier at all
+        return None
+    return headers or None
+
+
+def parent_context(carrier: Any) -> tuple[otel_context.Context | None, bool]:
+    """(parent context or None, whether that parent is remote).
+
+    A valid W3C ``traceparent`` in the carrier wins; otherwise the caller's active span, if any;
+    otherwise a new trace. A malformed header is ignored, never an error.
+    """
+    headers = normalize_carrier(carrier)
+    if headers:
+        try:
+            ctx = propagate.extract(headers)
+        except Exception:  # a third-party propagator may raise on garbage; the request still runs
+            _log.debug("could not extract a parent from the carrier", exc_info=True)
+            ctx = None
+        if ctx is not None and trace.get_current_span(ctx).get_span_context().is_valid:
+            return ctx, True
+    current = otel_context.get_current()
+    if trace.get_current_span(current).get_span_context().is_valid:
+        return current, False
+    return None, False
+
+
+def parent_span_context(parent: otel_context.Context | None) -> SpanContext | None:
+    if parent is None:
+        return None
+    span_context = trace.get_current_span(parent).get_span_context()
+    return span_context if span_context.is_valid else None
+
+
+def format_traceparent(trace_id: int, span_id: int, sampled: bool) -> str:
+    flags = TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT
+    return f"{_TRACEPARENT_VERSION}-{trace_id:032x}-{span_id:016x}-{flags:02x}"

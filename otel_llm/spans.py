@@ -1,0 +1,153 @@
+"""A finished request's timeline -> its spans, with explicit start/end times, events and attributes.
+
+Built once per request when it finishes (lifecycle.md, "The trace"):
+
+    llm.request [A, E]
+    ├─ llm.queue [Q, S1 | E]
+    ├─ llm.prefill [S1, F | E]     ── llm.preempted [P_k, R_k | E], llm.recompute [R_k, T_k | E] before F
+    └─ llm.decode [F, E]           ── the same pair for each preemption after F
+
+Monotonic seconds become wall-clock nanoseconds through one offset taken when the tracker started.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import ProxyTracer, Span, SpanKind, Status, StatusCode
+
+from otel_llm import semconv as sc
+from otel_llm._version import __version__
+from otel_llm.identity import PresetIds, format_traceparent, parent_span_context
+from otel_llm.timeline import FinishedRequest, Preemption, Timeline
+
+_set_span_in_context = trace.set_span_in_context
+
+
+class SpanBuilder:
+    """Emits the spans of finished requests through one tracer."""
+
+    def __init__(self, tracer_provider: trace.TracerProvider | None, base_attributes: dict[str, Any],
+                 wall_offset_ns: int) -> None:
+        provider = tracer_provider if tracer_provider is not None else trace.get_tracer_provider()
+        self._tracer = provider.get_tracer("otel_llm", __version__)
+        self._base = dict(base_attributes)
+        self._offset_ns = wall_offset_ns
+        self._ids: PresetIds | None = None
+        self._resolved: Any = None
+
+    def wall_ns(self, mono_s: float) -> int:
+        """Monotonic seconds -> wall-clock nanoseconds since the epoch."""
+        return self._offset_ns + int(mono_s * 1e9)
+
+    def _real_tracer(self) -> Any:
+        """The SDK tracer behind a proxy, with our PresetIds installed once (None: tracing is a no-op)."""
+        tracer = self._tracer._tracer if isinstance(self._tracer, ProxyTracer) else self._tracer
+        if tracer is not self._resolved:
+            self._resolved = tracer
+            generator = getattr(tracer, "id_generator", None)
+            if generator is None:
+                self._ids = None
+            else:
+                if not isinstance(generator, PresetIds):
+                    generator = tracer.id_generator = PresetIds(generator)
+                self._ids = generator
+        return tracer
+
+    def traceparent(self, tl: Timeline) -> str:
+        """The W3C traceparent of the request's root span, with the sampler's decision as its flag."""
+        tracer = self._real_tracer()
+        sampler = getattr(tracer, "sampler", None)
+        parent = parent_span_context(tl.parent)
+        if sampler is not None:
+            result = sampler.should_sample(tl.parent, tl.trace_id, sc.SPAN_REQUEST, self._kind(tl))
+            sampled = result.decision.is_sampled()
+        else:
+            sampled = bool(parent is not None and parent.trace_flags.sampled)
+        return format_traceparent(tl.trace_id, tl.span_id, sampled)
+
+    @staticmethod
+    def _kind(tl: Timeline) -> SpanKind:
+        parent = parent_span_context(tl.parent)
+        # A request served for a caller in another process is a SERVER span; under a local span it is
+        # one step of that span's work.
+        return SpanKind.INTERNAL if parent is not None and not parent.is_remote else SpanKind.SERVER
+
+    def build(self, fin: FinishedRequest, root_attributes: dict[str, Any]) -> Span:
+        tl = fin.timeline
+        tracer = self._real_tracer()
+        ns = self.wall_ns
+        end = fin.finished
+        ids = self._ids
+        if ids is not None:
+            ids.preset(tl.trace_id, tl.span_id)
+        try:
+            root = tracer.start_span(sc.SPAN_REQUEST, context=tl.parent, kind=self._kind(tl),
+                                     attributes=root_attributes, start_time=ns(tl.arrival))
+        finally:
+            if ids is not None:
+                ids.clear()
+        if not root.is_recording():
+            return root
+        root_ctx = _set_span_in_context(root)
+        start = tracer.start_span
+
+        def child(name: str, ctx: Any, t0: float, t1: float) -> Span:
+            span = start(name, context=ctx, start_time=ns(t0))
+            span.end(end_time=ns(t1))
+            return span
+
+        s1, first = tl.first_scheduled, tl.first_token
+        child(sc.SPAN_QUEUE, root_ctx, tl.queued, s1 if s1 is not None else end)
+        prefill = decode = None
+        if s1 is not None:
+            prefill = start(sc.SPAN_PREFILL, context=root_ctx, start_time=ns(s1))
+        if first is not None:
+            decode = start(sc.SPAN_DECODE, context=root_ctx, start_time=ns(first))
+        for p in tl.preemptions:
+            phase = decode if p.after_first_token else prefill
+            if phase is not None:
+                self._preemption_spans(child, _set_span_in_context(phase), p, end)
+        if prefill is not None:
+            prefill.end(end_time=ns(first if first is not None else end))
+        if decode is not None:
+            decode.end(end_time=ns(end))
+
+        root.add_event(sc.EVENT_QUEUED, timestamp=ns(tl.queued))
+        if s1 is not None:
+            root.add_event(sc.EVENT_SCHEDULED, {sc.LLM_RESUMED: False}, timestamp=ns(s1))
+        if first is not None:
+            root.add_event(sc.EVENT_FIRST_TOKEN, timestamp=ns(first))
+        for p in tl.preemptions:
+            root.add_event(sc.EVENT_PREEMPTED, {sc.LLM_OUTPUT_TOKENS: p.output_tokens}, timestamp=ns(p.preempted))
+            if p.rescheduled is not None:
+                root.add_event(sc.EVENT_SCHEDULED, {sc.LLM_RESUMED: True}, timestamp=ns(p.rescheduled))
+        if fin.reason in sc.FAILED_REASONS:
+            root.set_status(Status(StatusCode.ERROR, _describe(fin)))
+        root.end(end_time=ns(end))
+        return root
+
+    @staticmethod
+    def _preemption_spans(child: Any, ctx: Any, p: Preemption, end: float) -> None:
+        resumed = p.rescheduled
+        child(sc.SPAN_PREEMPTED, ctx, p.preempted, resumed if resumed is not None else end)
+        if resumed is not None:
+            child(sc.SPAN_RECOMPUTE, ctx, resumed, p.recomputed if p.recomputed is not None else end)
+
+
+def _describe(fin: FinishedRequest) -> str:
+    if fin.error is None:
+        return fin.reason
+    if isinstance(fin.error, BaseException):
+        return f"{type(fin.error).__name__}: {fin.error}"
+    return str(fin.error)
+
+
+def error_type(fin: FinishedRequest) -> str | None:
+    """``error.type`` for a failed request: the exception's class, else the reason itself."""
+    if fin.reason not in sc.FAILED_REASONS:
+        return None
+    if isinstance(fin.error, BaseException):
+        return type(fin.error).__qualname__
+    return fin.reason

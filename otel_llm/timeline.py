@@ -1,0 +1,105 @@
+"""One request's recorded events: plain numbers, no OpenTelemetry.
+
+All timestamps are ``time.monotonic()`` seconds (floats). A Timeline is written only by the tracker's
+hooks while the request is in flight and read once by the span and metric builders after it finished.
+Names follow lifecycle.md: A arrival, Q queued, S1 first scheduled, F first tokens event, L last tokens
+event, E finished; per preemption P_k (preempted), R_k (rescheduled), T_k (first tokens after R_k).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+WAITING = 0
+RUNNING = 1
+PREEMPTED = 2
+
+
+class Preemption:
+    """One eviction of the request's KV cache and what followed it (monotonic seconds)."""
+
+    __slots__ = ("after_first_token", "last_token", "output_tokens", "preempted", "recomputed", "rescheduled")
+
+    def __init__(self, preempted: float, output_tokens: int, last_token: float | None) -> None:
+        self.preempted = preempted  # P_k
+        self.output_tokens = output_tokens  # tokens produced before P_k
+        # The latest tokens event before P_k (L so far); the gap to the next token is measured from it.
+        self.last_token = last_token
+        # A preemption after the first token belongs to decode, one before it to prefill.
+        self.after_first_token = last_token is not None
+        self.rescheduled: float | None = None  # R_k, None while still evicted
+        self.recomputed: float | None = None  # T_k, None until a token follows R_k
+
+
+class Timeline:
+    """The events of one in-flight request.
+
+    ``last_token`` is the timestamp of the latest tokens event while the request runs uninterrupted;
+    a preemption moves it into the Preemption record and sets it to None, so the tracker's fast path
+    (``last_token is previous step's timestamp``) only ever matches a request that is still running.
+    """
+
+    __slots__ = (
+        "arrival",
+        "attributes",
+        "first_scheduled",
+        "first_token",
+        "last_event",
+        "last_token",
+        "output_tokens",
+        "parent",
+        "preemptions",
+        "prompt_tokens",
+        "queued",
+        "request_id",
+        "span_id",
+        "state",
+        "trace_id",
+    )
+
+    def __init__(
+        self,
+        request_id: Any,
+        queued: float,
+        arrival: float,
+        prompt_tokens: int | None,
+        trace_id: int,
+        span_id: int,
+        parent: Any,
+        attributes: dict[str, Any] | None,
+    ) -> None:
+        self.request_id = request_id
+        self.queued = queued  # Q
+        self.arrival = arrival  # A (<= Q)
+        self.prompt_tokens = prompt_tokens
+        self.trace_id = trace_id
+        self.span_id = span_id
+        self.parent = parent  # parent Context (remote or local), or None for a new trace
+        self.attributes = attributes
+        self.state = WAITING
+        self.first_scheduled: float | None = None  # S1
+        self.first_token: float | None = None  # F
+        self.last_token: float | None = None  # latest tokens event, None while preempted
+        self.last_event = queued  # for clamping out-of-order timestamps
+        self.output_tokens = 0
+        self.preemptions: list[Preemption] = []
+
+    def latest_token(self) -> float | None:
+        """L so far: the latest tokens event, also while the request is preempted."""
+        if self.last_token is not None:
+            return self.last_token
+        return self.preemptions[-1].last_token if self.preemptions else None
+
+
+class FinishedRequest:
+    """A timeline closed at E with its finish reason, handed to the span and metric builders."""
+
+    __slots__ = ("error", "finished", "last_token", "reason", "timeline")
+
+    def __init__(self, timeline: Timeline, finished: float, reason: str, error: BaseException | str | None):
+        self.timeline = timeline
+        self.finished = finished  # E
+        self.reason = reason
+        self.error = error
+        self.last_token = timeline.latest_token()  # L
+

@@ -1,0 +1,400 @@
+"""RequestTracker: the five-call hook an engine's scheduler loop calls, and the in-flight registry.
+
+The hot path only records numbers: one timestamp per call shared by the whole batch, then per request a
+dict lookup and a few attribute writes. Spans and request-level metrics are built once, when a request
+finishes (``otel_llm.spans``, ``otel_llm.metrics``). Inter-token latency is counted here into a bucket
+histogram: requests that also produced tokens in the previous step share one gap, so a decode batch adds
+to the histogram once per step, not once per request.
+
+Threads: every hook takes one lock for its in-memory bookkeeping (never across export or span building),
+so an API thread may call ``queued``/``finished`` while the engine thread calls the batch hooks.
+Clock: ``time.monotonic()`` seconds everywhere; see lifecycle.md for every rule.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from opentelemetry import metrics, trace
+
+from otel_llm import anomalies as an
+from otel_llm import semconv as sc
+from otel_llm.export.preaggregated import PreAggregatedSource, offer
+from otel_llm.histogram import BucketHistogram
+from otel_llm.identity import new_span_id, new_trace_id, parent_context, parent_span_context
+from otel_llm.intervals import Intervals
+from otel_llm.metrics import RequestMetrics
+from otel_llm.spans import SpanBuilder, error_type
+from otel_llm.timeline import PREEMPTED, RUNNING, WAITING, FinishedRequest, Preemption, Timeline
+
+_log = logging.getLogger("otel_llm")
+_monotonic = time.monotonic
+_INF = math.inf
+
+DEFAULT_PROVIDER_NAME = "otel_llm"
+DEFAULT_OPERATION_NAME = "text_completion"
+DEFAULT_MAX_IN_FLIGHT = 65_536
+DEFAULT_MAX_AGE_S = 1800.0  # a request in flight for 30 minutes is leaked, not slow
+
+_NO_STEP = object()  # "no previous tokens step": matches no request's last_token, not even None
+
+
+def _check_ids(request_ids: Any) -> None:
+    if isinstance(request_ids, (str, bytes)) or not isinstance(request_ids, Iterable):
+        raise TypeError(
+            f"request_ids must be a sequence of request ids (e.g. [{request_ids!r}]), "
+            f"got {type(request_ids).__name__}"
+        )
+
+
+class RequestTracker:
+    """Turns engine events into one trace and the latency metrics per request.
+
+    Args:
+        tracer_provider / meter_provider: where spans and metrics go; the global providers if None.
+        model: ``gen_ai.request.model`` on spans and metrics.
+        provider_name / operation_name: ``gen_ai.provider.name`` / ``gen_ai.operation.name``.
+        max_in_flight: requests kept at most; past it the oldest is closed with reason ``evicted``.
+        max_age_s: a request in flight longer than this (monotonic seconds since queued) is evicted.
+    """
+
+    def __init__(
+        self,
+        *,
+        tracer_provider: trace.TracerProvider | None = None,
+        meter_provider: metrics.MeterProvider | None = None,
+        model: str | None = None,
+        provider_name: str = DEFAULT_PROVIDER_NAME,
+        operation_name: str = DEFAULT_OPERATION_NAME,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        max_age_s: float = DEFAULT_MAX_AGE_S,
+    ) -> None:
+        if not isinstance(max_in_flight, int) or max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be a positive int, got {max_in_flight!r}")
+        if not isinstance(max_age_s, (int, float)) or not max_age_s > 0:
+            raise ValueError(f"max_age_s must be a positive number of seconds, got {max_age_s!r}")
+        for name, value in (("model", model), ("provider_name", provider_name), ("operation_name", operation_name)):
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+        base: dict[str, Any] = {sc.GEN_AI_PROVIDER_NAME: provider_name, sc.GEN_AI_OPERATION_NAME: operation_name}
+        if model is not None:
+            base[sc.GEN_AI_REQUEST_MODEL] = model
+        self.model = model
+        self.max_in_flight = max_in_flight
+        self.max_age_s = float(max_age_s)
+        self._base = base
+        self._tracer_provider = tracer_provider
+        self._meter_provider = meter_provider
+        self._lock = threading.Lock()
+        self._inflight: dict[Any, Timeline] = {}
+        self._states = [0, 0, 0]  # requests in flight by state: WAITING, RUNNING, PREEMPTED
+        self._prev_step: Any = _NO_STEP  # timestamp of the previous tokens() call
+        self._anomalies = an.AnomalyCounter()
+        self._evicted = 0
+        self._itl = BucketHistogram(sc.BUCKETS_ITL, base, self._lock)
+        self._itl_source = PreAggregatedSource(
+            sc.METRIC_ITL, sc.UNIT_SECONDS, "Inter-token latency: gap between consecutive tokens events",
+            self._itl,
+        )
+        self._spans = SpanBuilder(tracer_provider, base, time.time_ns() - time.monotonic_ns())
+        self._metrics = RequestMetrics(meter_provider, base)
+        self._metrics.observe(sc.METRIC_ACTIVE, sc.UNIT_REQUEST, "Requests in flight by state",
+                              self._observe_active, counter=False)
+        self._metrics.observe(sc.METRIC_ANOMALIES, sc.UNIT_ANOMALY, "Lifecycle anomalies by kind",
+                              self._observe_anomalies, counter=True)
+        self._metrics.observe(sc.METRIC_EVICTED, sc.UNIT_REQUEST, "Requests closed as evicted (never finished)",
+                              lambda: [(self._evicted, {})], counter=True)
+
+    # --- the hook -------------------------------------------------------------------------------
+
+    def queued(
+        self,
+        request_id: Any,
+        *,
+        ts: float | None = None,
+        arrival_ts: float | None = None,
+        prompt_tokens: int | None = None,
+        carrier: Mapping[str, Any] | None = None,
+        attributes: Mapping[str, Any] | None = None,
+    ) -> None:
+        """The request entered the waiting queue (Q = ``ts``). ``arrival_ts`` (A) may be earlier, e.g.
+        when the HTTP request arrived; ``carrier`` holds W3C ``traceparent``/``tracestate`` headers."""
+        if prompt_tokens is not None and (not isinstance(prompt_tokens, int) or isinstance(prompt_tokens, bool)):
+            raise TypeError(f"prompt_tokens must be an int count of prompt tokens, got {type(prompt_tokens).__name__}")
+        if attributes is not None and not isinstance(attributes, Mapping):
+            raise TypeError(f"attributes must be a mapping of attribute name to value, got {type(attributes).__name__}")
+        ts = self._timestamp(ts)
+        arrival = ts if arrival_ts is None else self._timestamp(arrival_ts)
+        parent, _remote = parent_context(carrier)
+        parent_sc = parent_span_context(parent)
+        trace_id = parent_sc.trace_id if parent_sc is not None else new_trace_id()
+        user_attributes = dict(attributes) if attributes else None
+        with self._lock:
+            if arrival > ts:
+                self._anomalies.note(an.ARRIVAL_AFTER_QUEUED, request_id)
+                arrival = ts
+            if request_id in self._inflight:
+                self._anomalies.note(an.DUPLICATE_QUEUED, request_id)
+                return
+            evicted = self._due_evictions(ts, incoming=1)
+            self._inflight[request_id] = Timeline(
+                request_id, ts, arrival, prompt_tokens, trace_id, new_span_id(), parent, user_attributes
+            )
+            self._states[WAITING] += 1
+        self._finish_all(evicted)
+
+    def scheduled(self, request_ids: Sequence[Any], ts: float | None = None) -> None:
+        """These requests entered the running batch: the first time (S1) or after a preemption (R_k)."""
+        _check_ids(request_ids)
+        ts = self._timestamp(ts)
+        with self._lock:
+            get = self._inflight.get
+            for rid in request_ids:
+                tl = get(rid)
+                if tl is None:
+                    self._anomalies.note(an.UNKNOWN_REQUEST, rid)
+                elif tl.state == RUNNING:
+                    self._anomalies.note(an.SCHEDULED_WHILE_RUNNING, rid)
+                else:
+                    self._schedule(tl, self._clamp(tl, ts))
+
+    def tokens(self, request_ids: Sequence[Any], ts: float | None = None,
+               counts: Sequence[int] | None = None) -> None:
+        """One engine step produced output tokens for these requests (1 each, or ``counts``)."""
+        _check_ids(request_ids)
+        ts = self._timestamp(ts)
+        with self._lock:
+            prev = self._prev_step
+            if prev is not _NO_STEP and ts < prev:
+                prev = _NO_STEP  # a step out of order: every request takes the checked path
+            self._prev_step = ts
+            get = self._inflight.get
+            shared = 0  # requests whose previous token came in the previous step: they share one gap
+            if counts is None:
+                for rid in request_ids:
+                    tl = get(rid)
+                    if tl is not None and tl.last_token is prev:
+                        tl.last_token = ts
+                        tl.output_tokens += 1
+                        shared += 1
+                    else:
+                        self._tokens_checked(rid, tl, ts, 1)
+            else:
+                if isinstance(counts, (str, bytes)) or not isinstance(counts, Sequence):
+                    raise TypeError(f"counts must be a sequence of ints, one per request id, got {type(counts).__name__}")
+                if len(counts) != len(request_ids):
+                    raise ValueError(f"counts has {len(counts)} entries for {len(request_ids)} request ids")
+                for rid, n in zip(request_ids, counts):
+                    tl = get(rid)
+                    if tl is not None and tl.last_token is prev and n.__class__ is int and n > 0:
+                        tl.last_token = ts
+                        tl.output_tokens += n
+                        shared += 1
+                    else:
+                        self._tokens_checked(rid, tl, ts, n)
+            if shared:
+                self._itl.add(ts - prev, shared)
+
+    def preempted(self, request_ids: Sequence[Any], ts: float | None = None) -> None:
+        """The KV cache of these running requests was evicted (P_k); they wait to be recomputed."""
+        _check_ids(request_ids)
+        ts = self._timestamp(ts)
+        with self._lock:
+            get = self._inflight.get
+            for rid in request_ids:
+                tl = get(rid)
+                if tl is None:
+                    self._anomalies.note(an.UNKNOWN_REQUEST, rid)
+                    continue
+                if tl.state != RUNNING:
+                    self._anomalies.note(an.PREEMPTED_WHILE_NOT_RUNNING, rid)
+                    continue
+                at = self._clamp(tl, ts)
+                tl.preemptions.append(Preemption(at, tl.output_tokens, tl.latest_token()))
+                tl.last_token = None
+                tl.last_event = at
+                tl.state = PREEMPTED
+                self._states[RUNNING] -= 1
+                self._states[PREEMPTED] += 1
+
+    def finished(self, request_id: Any, *, reason: str = sc.REASON_STOP, ts: float | None = None,
+                 error: BaseException | str | None = None) -> None:
+        """The request left the engine (E). ``reason``: stop, length, abort, error, or another string."""
+        if not isinstance(reason, str):
+            raise TypeError(f"reason must be a str such as 'stop', 'length', 'abort' or 'error', got {reason!r}")
+        ts = self._timestamp(ts)
+        with self._lock:
+            tl = self._inflight.pop(request_id, None)
+            if tl is None:
+                self._anomalies.note(an.UNKNOWN_REQUEST, request_id)
+                return
+            self._states[tl.state] -= 1
+            done = FinishedRequest(tl, self._clamp(tl, ts), reason, error)
+            evicted = self._due_evictions(ts, incoming=0)
+        self._finish(done)
+        self._finish_all(evicted)
+
+    def traceparent(self, request_id: Any) -> str | None:
+        """The W3C ``traceparent`` header value of the request's ``llm.request`` span (None if unknown)."""
+        with self._lock:
+            tl = self._inflight.get(request_id)
+        if tl is None:
+            return None
+        try:
+            return self._spans.traceparent(tl)
+        except Exception:  # a broken third-party sampler must not take the API thread down
+            _log.warning("otel_llm: could not compute a traceparent", exc_info=True)
+            return None
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        """Close requests past their maximum age, then flush the tracer and meter providers."""
+        with self._lock:
+            evicted = self._due_evictions(_monotonic(), incoming=0)
+        self._finish_all(evicted)
+        ok = True
+        for provider in (self._tracer_provider or trace.get_tracer_provider(),
+                         self._meter_provider or metrics.get_meter_provider()):
+            flush = getattr(provider, "force_flush", None)
+            if flush is not None:
+                ok = bool(flush(timeout_millis)) and ok
+        return ok
+
+    @property
+    def in_flight(self) -> int:
+        """Number of requests queued and not yet finished."""
+        return len(self._inflight)
+
+    @property
+    def anomaly_counts(self) -> dict[str, int]:
+        """Lifecycle anomalies seen so far, by kind (also exported as ``otel_llm.anomalies``)."""
+        with self._lock:
+            return dict(self._anomalies.counts)
+
+    # --- internals (callers hold self._lock unless stated) -----------------------------------------
+
+    def _timestamp(self, ts: Any) -> float:
+        """``ts`` or now; NaN and infinities are replaced by now and counted. No lock needed."""
+        if ts is None:
+            return _monotonic()
+        if ts.__class__ is not float:
+            if isinstance(ts, bool) or not isinstance(ts, (int, float)):
+                try:
+                    ts = float(ts)  # numpy scalars and the like
+                except (TypeError, ValueError):
+                    raise TypeError(f"ts must be time.monotonic() seconds (a float) or None, got {ts!r}") from None
+            ts = float(ts)
+        if -_INF < ts < _INF:
+            return ts
+        with self._lock:
+            self._anomalies.note(an.BAD_TIMESTAMP)
+        return _monotonic()
+
+    def _clamp(self, tl: Timeline, ts: float) -> float:
+        """No event of a request is earlier than its previous one, so no duration is negative."""
+        floor = tl.last_event
+        if tl.last_token is not None and tl.last_token > floor:
+            floor = tl.last_token
+        if ts < floor:
+            self._anomalies.note(an.TIMESTAMP_REGRESSION, tl.request_id)
+            return floor
+        return ts
+
+    def _schedule(self, tl: Timeline, ts: float) -> None:
+        if tl.state == WAITING:
+            tl.first_scheduled = ts
+        else:  # PREEMPTED: this is R_k
+            tl.preemptions[-1].rescheduled = ts
+        self._states[tl.state] -= 1
+        self._states[RUNNING] += 1
+        tl.state = RUNNING
+        tl.last_event = ts
+
+    def _tokens_checked(self, rid: Any, tl: Timeline | None, ts: float, n: Any) -> None:
+        """A tokens event that is not the plain continuation of the previous step."""
+        if tl is None:
+            self._anomalies.note(an.UNKNOWN_REQUEST, rid)
+            return
+        if n.__class__ is not int or n <= 0:
+            self._anomalies.note(an.BAD_TOKEN_COUNT, rid)
+            return
+        ts = self._clamp(tl, ts)
+        if tl.state != RUNNING:
+            self._anomalies.note(an.TOKENS_BEFORE_SCHEDULED, rid)
+            self._schedule(tl, ts)
+        if tl.first_token is None:
+            tl.first_token = ts  # F; it is also T_k of any preemption before it
+        else:
+            self._itl.add(ts - tl.latest_token(), 1)
+        if tl.preemptions:
+            last = tl.preemptions[-1]
+            if last.rescheduled is not None and last.recomputed is None:
+                last.recomputed = ts  # T_k
+        tl.last_token = ts
+        tl.last_event = ts
+        tl.output_tokens += n
+
+    def _due_evictions(self, now: float, incoming: int) -> list[FinishedRequest]:
+        """Pop requests past max_age_s, and the oldest while over max_in_flight (insertion order)."""
+        inflight = self._inflight
+        if not inflight:
+            return []
+        out: list[FinishedRequest] = []
+        horizon = now - self.max_age_s
+        while inflight:
+            rid, tl = next(iter(inflight.items()))
+            if tl.queued >= horizon and len(inflight) + incoming <= self.max_in_flight:
+                break
+            del inflight[rid]
+            self._states[tl.state] -= 1
+            self._evicted += 1
+            out.append(FinishedRequest(tl, max(now, tl.last_event), sc.REASON_EVICTED, None))
+        return out
+
+    def _finish_all(self, done: list[FinishedRequest]) -> None:
+        for fin in done:
+            self._finish(fin)
+
+    def _finish(self, fin: FinishedRequest) -> None:
+        """Build spans and record metrics; telemetry trouble is logged and counted, never raised."""
+        try:
+            tl = fin.timeline
+            iv = Intervals(fin)
+            err = error_type(fin)
+            attrs: dict[str, Any] = dict(tl.attributes) if tl.attributes else {}
+            attrs.update(self._base)
+            attrs[sc.LLM_REQUEST_ID] = str(tl.request_id)
+            if tl.prompt_tokens is not None:
+                attrs[sc.GEN_AI_USAGE_INPUT_TOKENS] = tl.prompt_tokens
+            attrs[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = tl.output_tokens
+            attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = (fin.reason,)
+            attrs[sc.LLM_PREEMPTIONS] = len(tl.preemptions)
+            if err is not None:
+                attrs[sc.ERROR_TYPE] = err
+            attrs.update(iv.span_attributes())
+            root = self._spans.build(fin, attrs)
+            self._metrics.record(fin, iv, trace.set_span_in_context(root), err)
+        except Exception:
+            with self._lock:
+                self._anomalies.note(an.FINISH_FAILED, fin.timeline.request_id)
+            _log.debug("otel_llm: finishing request %r failed", fin.timeline.request_id, exc_info=True)
+
+    # --- observable callbacks (run in the metric reader's thread) --------------------------------
+
+    def _observe_active(self) -> list[tuple[float, dict[str, Any]]]:
+        offer((self._itl_source,))  # hand the inter-token histogram to this collection's export
+        waiting, running, preempted = self._states
+        return [
+            (waiting, {sc.LLM_REQUEST_STATE: sc.STATE_WAITING}),
+            (running, {sc.LLM_REQUEST_STATE: sc.STATE_RUNNING}),
+            (preempted, {sc.LLM_REQUEST_STATE: sc.STATE_PREEMPTED}),
+        ]
+
+    def _observe_anomalies(self) -> list[tuple[float, dict[str, Any]]]:
+        with self._lock:
+            counts = list(self._anomalies.counts.items())
+        return [(n, {sc.LLM_ANOMALY_KIND: kind}) for kind, n in counts]
