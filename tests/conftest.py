@@ -1,0 +1,140 @@
+"""Shared fixtures: a tracker wired to real SDK providers with in-memory exporters.
+
+Metrics go through a real PeriodicExportingMetricReader and otel_llm's PreAggregatedMetricExporter into
+a list, so the inter-token-latency histogram reaches the test by the same path it takes in production.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import (
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
+    PeriodicExportingMetricReader,
+)
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from otel_llm import RequestTracker
+from otel_llm import semconv as sc
+from otel_llm.export.preaggregated import PreAggregatedMetricExporter
+
+US = 1_000  # nanoseconds per microsecond
+
+
+class ListMetricExporter(MetricExporter):
+    """Keeps every exported batch in memory (the SDK ships no in-memory metric exporter)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[MetricsData] = []
+
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
+        self.batches.append(metrics_data)
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        pass
+
+
+class RequestTrace:
+    """The spans of one request, with helpers to check them against monotonic timestamps."""
+
+    def __init__(self, root: ReadableSpan, spans: Sequence[ReadableSpan], arrival: float) -> None:
+        self.root = root
+        self.spans = spans
+        self.arrival = arrival
+
+    def children(self, parent: ReadableSpan, name: str | None = None) -> list[ReadableSpan]:
+        found = [s for s in self.spans if s.parent is not None and s.parent.span_id == parent.context.span_id]
+        found = [s for s in found if name is None or s.name == name]
+        return sorted(found, key=lambda s: s.start_time)
+
+    def child(self, parent: ReadableSpan, name: str) -> ReadableSpan:
+        (span,) = self.children(parent, name)
+        return span
+
+    def at(self, mono_s: float) -> int:
+        """Wall-clock ns expected for a monotonic timestamp, anchored at the root's start (A)."""
+        return self.root.start_time + round((mono_s - self.arrival) * 1e9)
+
+    def assert_interval(self, span: ReadableSpan, start: float, end: float) -> None:
+        assert abs(span.start_time - self.at(start)) <= US, (span.name, "start", span.start_time - self.at(start))
+        assert abs(span.end_time - self.at(end)) <= US, (span.name, "end", span.end_time - self.at(end))
+
+    def events(self, name: str) -> list[Any]:
+        return [e for e in self.root.events if e.name == name]
+
+
+class Harness:
+    def __init__(self, **tracker_kwargs: Any) -> None:
+        self.span_exporter = InMemorySpanExporter()
+        self.tracer_provider = TracerProvider()
+        self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.span_exporter))
+        self.metric_exporter = ListMetricExporter()
+        self.reader = PeriodicExportingMetricReader(
+            PreAggregatedMetricExporter(self.metric_exporter), export_interval_millis=3_600_000
+        )
+        self.meter_provider = MeterProvider(metric_readers=[self.reader])
+        tracker_kwargs.setdefault("model", "test-model")
+        self.tracker = RequestTracker(
+            tracer_provider=self.tracer_provider, meter_provider=self.meter_provider, **tracker_kwargs
+        )
+
+    def finished_spans(self) -> list[ReadableSpan]:
+        return list(self.span_exporter.get_finished_spans())
+
+    def roots(self) -> list[ReadableSpan]:
+        return [s for s in self.finished_spans() if s.name == sc.SPAN_REQUEST]
+
+    def trace(self, request_id: Any, arrival: float) -> RequestTrace:
+        roots = [s for s in self.roots() if s.attributes[sc.LLM_REQUEST_ID] == str(request_id)]
+        assert len(roots) == 1, f"expected one llm.request for {request_id!r}, got {len(roots)}"
+        root = roots[0]
+        spans = [s for s in self.finished_spans() if s.context.trace_id == root.context.trace_id]
+        return RequestTrace(root, spans, arrival)
+
+    def metrics(self) -> dict[str, list[Any]]:
+        """Latest cumulative data points by metric name (collects and exports once)."""
+        self.reader.force_flush()
+        latest = self.metric_exporter.batches[-1]
+        points: dict[str, list[Any]] = {}
+        for rm in latest.resource_metrics:
+            for scope in rm.scope_metrics:
+                for metric in scope.metrics:
+                    points.setdefault(metric.name, []).extend(metric.data.data_points)
+        return points
+
+    def close(self) -> None:
+        self.tracer_provider.shutdown()
+        self.meter_provider.shutdown()
+
+
+@pytest.fixture
+def harness() -> Iterator[Harness]:
+    h = Harness()
+    yield h
+    h.close()
+
+
+@pytest.fixture
+def make_harness() -> Iterator[Any]:
+    made: list[Harness] = []
+
+    def make(**kwargs: Any) -> Harness:
+        h = Harness(**kwargs)
+        made.append(h)
+        return h
+
+    yield make
+    for h in made:
+        h.close()
