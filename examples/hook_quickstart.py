@@ -1,0 +1,54 @@
+"""The five-call hook in a toy scheduler loop: five requests, a KV budget too small, one preemption.
+
+No model and no torch: each "step" sleeps a few milliseconds. With no OTLP endpoint configured, the
+traces and metrics land as OTLP JSON lines in ./otel-llm-output/ (set OTEL_EXPORTER_OTLP_ENDPOINT to send
+them to a collector instead). Run:  python examples/hook_quickstart.py
+"""
+
+from __future__ import annotations
+
+import time
+
+import otel_llm
+
+KV_SLOTS = 3  # how many requests fit in the toy KV cache at once
+STEP_S = 0.004  # one engine step
+
+
+def main() -> None:
+    telemetry = otel_llm.configure(service_name="hook-quickstart")
+    tracker = otel_llm.RequestTracker(model="toy-model")
+    wants = {f"req-{i}": 4 + 2 * i for i in range(5)}  # output tokens each request wants
+    waiting = list(wants)
+    running: list[str] = []
+    produced = dict.fromkeys(wants, 0)
+    for rid in waiting:
+        tracker.queued(rid, prompt_tokens=16)  # 1. the request enters the waiting queue
+    step = 0
+    while waiting or running:
+        now = time.monotonic()  # one timestamp per step, shared by the whole batch
+        admitted = []
+        while waiting and len(running) < KV_SLOTS:
+            admitted.append(waiting.pop(0))
+        running += admitted
+        if admitted:
+            tracker.scheduled(admitted, ts=now)  # 2. newly admitted (or resumed) requests
+        if step == 3 and len(running) == KV_SLOTS:
+            victim = running.pop()  # out of KV blocks: evict the most recently admitted
+            waiting.insert(0, victim)
+            tracker.preempted([victim], ts=now)  # 4. its KV cache is gone; it will be recomputed
+        time.sleep(STEP_S)  # the "forward pass"
+        now = time.monotonic()
+        tracker.tokens(running, ts=now)  # 3. every running request produced one token
+        for rid in list(running):
+            produced[rid] += 1
+            if produced[rid] == wants[rid]:
+                running.remove(rid)
+                tracker.finished(rid, reason="length", ts=now)  # 5. it left the engine
+        step += 1
+    telemetry.shutdown()
+    print(f"{len(wants)} requests traced in {step} steps; see {telemetry.output_dir or 'your collector'}")
+
+
+if __name__ == "__main__":
+    main()

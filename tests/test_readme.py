@@ -1,0 +1,38 @@
+"""The README's set-up commands are what CI runs: .ci/run must run exactly the README's test command."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def readme_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    first_block = re.search(r"```bash\n(.*?)```", text, re.S)
+    assert first_block, "the README must open with a bash block of set-up commands"
+    return [line for line in first_block.group(1).splitlines() if line and not line.startswith("#")]
+
+
+def test_readme_opens_with_a_demo_and_a_test_command():
+    demo, tests = readme_commands()
+    assert demo.endswith("otel-llm demo")
+    assert "pytest" in tests
+    assert "pip install -q torch==2.13.0" in demo and "pip install -q torch==2.13.0" in tests
+
+
+def test_ci_runs_exactly_the_readme_test_command():
+    _, tests = readme_commands()
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert tests in ci, "the test command in .ci/run differs from the README's"
+
+
+def test_every_readme_metric_name_is_one_we_emit():
+    from otel_llm import semconv as sc
+
+    emitted = {v for k, v in vars(sc).items() if k.startswith("METRIC_")}
+    text = (ROOT / "README.md").read_text()
+    named = set(re.findall(r"`((?:gen_ai\.server|llm\.server|otel_llm)\.[a-z_.]+)`", text))
+    assert named, "the README should list the metrics"
+    assert named <= emitted, named - emitted
