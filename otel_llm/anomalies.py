@@ -22,9 +22,16 @@ BAD_TOKEN_COUNT = "bad_token_count"  # zero, negative or not an int in tokens(co
 FINISH_FAILED = "finish_failed"  # building spans or metrics raised: logged, the engine goes on
 
 KINDS = (
-    UNKNOWN_REQUEST, DUPLICATE_QUEUED, TOKENS_BEFORE_SCHEDULED, SCHEDULED_WHILE_RUNNING,
-    PREEMPTED_WHILE_NOT_RUNNING, TIMESTAMP_REGRESSION, BAD_TIMESTAMP, ARRIVAL_AFTER_QUEUED,
-    BAD_TOKEN_COUNT, FINISH_FAILED,
+    UNKNOWN_REQUEST,
+    DUPLICATE_QUEUED,
+    TOKENS_BEFORE_SCHEDULED,
+    SCHEDULED_WHILE_RUNNING,
+    PREEMPTED_WHILE_NOT_RUNNING,
+    TIMESTAMP_REGRESSION,
+    BAD_TIMESTAMP,
+    ARRIVAL_AFTER_QUEUED,
+    BAD_TOKEN_COUNT,
+    FINISH_FAILED,
 )
 
 
@@ -38,5 +45,9 @@ class AnomalyCounter:
         count = self.counts.get(kind, 0)
         self.counts[kind] = count + 1
         if count == 0:
-            _log.warning("otel_llm: %s (request %r); further ones are only counted in %s",
-                         kind, request_id, "otel_llm.anomalies")
+            _log.warning(
+                "otel_llm: %s (request %r); further ones are only counted in %s",
+                kind,
+                request_id,
+                "otel_llm.anomalies",
+            )

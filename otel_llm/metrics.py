@@ -33,38 +33,69 @@ class RequestMetrics:
         self._output_attrs = {**self._base, sc.GEN_AI_TOKEN_TYPE: sc.TOKEN_TYPE_OUTPUT}
 
         def hist(name: str, buckets: tuple[float, ...], description: str) -> Any:
-            return meter.create_histogram(name, unit=sc.UNIT_SECONDS, description=description,
-                                          explicit_bucket_boundaries_advisory=buckets)
+            return meter.create_histogram(
+                name,
+                unit=sc.UNIT_SECONDS,
+                description=description,
+                explicit_bucket_boundaries_advisory=buckets,
+            )
 
         self.ttft = hist(sc.METRIC_TTFT, sc.BUCKETS_TTFT, "Time to first token: first tokens event - arrival")
-        self.tpot = hist(sc.METRIC_TPOT, sc.BUCKETS_TPOT,
-                         "Time per output token after the first: (last - first token) / (output tokens - 1)")
-        self.duration = hist(sc.METRIC_REQUEST_DURATION, sc.BUCKETS_REQUEST_DURATION,
-                             "Request duration: finished - arrival")
+        self.tpot = hist(
+            sc.METRIC_TPOT,
+            sc.BUCKETS_TPOT,
+            "Time per output token after the first: (last - first token) / (output tokens - 1)",
+        )
+        self.duration = hist(
+            sc.METRIC_REQUEST_DURATION, sc.BUCKETS_REQUEST_DURATION, "Request duration: finished - arrival"
+        )
         self.queue = hist(sc.METRIC_QUEUE, sc.BUCKETS_PHASE, "Queue time: first scheduled - queued")
-        self.prefill = hist(sc.METRIC_PREFILL, sc.BUCKETS_PHASE, "Prefill time: first token - first scheduled")
+        self.prefill = hist(
+            sc.METRIC_PREFILL, sc.BUCKETS_PHASE, "Prefill time: first token - first scheduled"
+        )
         self.decode = hist(sc.METRIC_DECODE, sc.BUCKETS_PHASE, "Decode time: last token - first token")
-        self.inference = hist(sc.METRIC_INFERENCE, sc.BUCKETS_PHASE,
-                              "Inference time: last token - first scheduled")
-        self.preempted = hist(sc.METRIC_PREEMPTED, sc.BUCKETS_PHASE,
-                              "Time a request spent evicted, per preemption: rescheduled - preempted")
-        self.recompute = hist(sc.METRIC_RECOMPUTE, sc.BUCKETS_PHASE,
-                              "KV-cache recompute time, per preemption: next token - rescheduled")
-        self.preemptions = meter.create_counter(sc.METRIC_PREEMPTIONS, unit=sc.UNIT_PREEMPTION,
-                                                description="Preemptions of running requests")
-        self.requests = meter.create_counter(sc.METRIC_REQUESTS, unit=sc.UNIT_REQUEST,
-                                             description="Finished requests by finish reason")
-        self.tokens = meter.create_counter(sc.METRIC_TOKENS, unit=sc.UNIT_TOKEN,
-                                           description="Input (prompt) and output tokens of finished requests")
+        self.inference = hist(
+            sc.METRIC_INFERENCE, sc.BUCKETS_PHASE, "Inference time: last token - first scheduled"
+        )
+        self.preempted = hist(
+            sc.METRIC_PREEMPTED,
+            sc.BUCKETS_PHASE,
+            "Time a request spent evicted, per preemption: rescheduled - preempted",
+        )
+        self.recompute = hist(
+            sc.METRIC_RECOMPUTE,
+            sc.BUCKETS_PHASE,
+            "KV-cache recompute time, per preemption: next token - rescheduled",
+        )
+        self.preemptions = meter.create_counter(
+            sc.METRIC_PREEMPTIONS, unit=sc.UNIT_PREEMPTION, description="Preemptions of running requests"
+        )
+        self.requests = meter.create_counter(
+            sc.METRIC_REQUESTS, unit=sc.UNIT_REQUEST, description="Finished requests by finish reason"
+        )
+        self.tokens = meter.create_counter(
+            sc.METRIC_TOKENS,
+            unit=sc.UNIT_TOKEN,
+            description="Input (prompt) and output tokens of finished requests",
+        )
 
-    def observe(self, name: str, unit: str, description: str,
-                callback: Callable[[], Iterable[tuple[float, dict[str, Any]]]], *, counter: bool) -> None:
+    def observe(
+        self,
+        name: str,
+        unit: str,
+        description: str,
+        callback: Callable[[], Iterable[tuple[float, dict[str, Any]]]],
+        *,
+        counter: bool,
+    ) -> None:
         """Register an asynchronous instrument whose values ``callback`` yields at collection time."""
 
         def observations(options: CallbackOptions) -> Iterable[Observation]:
             return [Observation(value, {**self._base, **attrs}) for value, attrs in callback()]
 
-        create = self.meter.create_observable_counter if counter else self.meter.create_observable_up_down_counter
+        create = (
+            self.meter.create_observable_counter if counter else self.meter.create_observable_up_down_counter
+        )
         create(name, callbacks=[observations], unit=unit, description=description)
 
     def _reason_attributes(self, fin: FinishedRequest, error_type: str | None) -> tuple[dict, dict]:
@@ -77,7 +108,9 @@ class RequestMetrics:
             cached = self._by_reason[key] = (duration, {**self._base, sc.LLM_FINISH_REASON: fin.reason})
         return cached
 
-    def record(self, fin: FinishedRequest, iv: Intervals, ctx: Context | None, error_type: str | None) -> None:
+    def record(
+        self, fin: FinishedRequest, iv: Intervals, ctx: Context | None, error_type: str | None
+    ) -> None:
         """Every value lifecycle.md defines for this request; TTFT and TPOT skip failed requests."""
         base = self._base
         duration_attrs, reason_attrs = self._reason_attributes(fin, error_type)
@@ -99,7 +132,9 @@ class RequestMetrics:
             end = fin.finished
             for p in tl.preemptions:
                 resumed = p.rescheduled
-                self.preempted.record((resumed if resumed is not None else end) - p.preempted, base, context=ctx)
+                self.preempted.record(
+                    (resumed if resumed is not None else end) - p.preempted, base, context=ctx
+                )
                 if resumed is not None and p.recomputed is not None:
                     self.recompute.record(p.recomputed - resumed, base, context=ctx)
         if tl.prompt_tokens:

@@ -28,8 +28,12 @@ _set_span_in_context = trace.set_span_in_context
 class SpanBuilder:
     """Emits the spans of finished requests through one tracer."""
 
-    def __init__(self, tracer_provider: trace.TracerProvider | None, base_attributes: dict[str, Any],
-                 wall_offset_ns: int) -> None:
+    def __init__(
+        self,
+        tracer_provider: trace.TracerProvider | None,
+        base_attributes: dict[str, Any],
+        wall_offset_ns: int,
+    ) -> None:
         provider = tracer_provider if tracer_provider is not None else trace.get_tracer_provider()
         self._tracer = provider.get_tracer("otel_llm", __version__)
         self._base = dict(base_attributes)
@@ -83,8 +87,13 @@ class SpanBuilder:
         if ids is not None:
             ids.preset(tl.trace_id, tl.span_id)
         try:
-            root = tracer.start_span(sc.SPAN_REQUEST, context=tl.parent, kind=self._kind(tl),
-                                     attributes=root_attributes, start_time=ns(tl.arrival))
+            root = tracer.start_span(
+                sc.SPAN_REQUEST,
+                context=tl.parent,
+                kind=self._kind(tl),
+                attributes=root_attributes,
+                start_time=ns(tl.arrival),
+            )
         finally:
             if ids is not None:
                 ids.clear()
@@ -120,7 +129,9 @@ class SpanBuilder:
         if first is not None:
             root.add_event(sc.EVENT_FIRST_TOKEN, timestamp=ns(first))
         for p in tl.preemptions:
-            root.add_event(sc.EVENT_PREEMPTED, {sc.LLM_OUTPUT_TOKENS: p.output_tokens}, timestamp=ns(p.preempted))
+            root.add_event(
+                sc.EVENT_PREEMPTED, {sc.LLM_OUTPUT_TOKENS: p.output_tokens}, timestamp=ns(p.preempted)
+            )
             if p.rescheduled is not None:
                 root.add_event(sc.EVENT_SCHEDULED, {sc.LLM_RESUMED: True}, timestamp=ns(p.rescheduled))
         if fin.reason in sc.FAILED_REASONS:

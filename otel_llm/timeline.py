@@ -102,4 +102,3 @@ class FinishedRequest:
         self.reason = reason
         self.error = error
         self.last_token = timeline.latest_token()  # L
-

@@ -78,10 +78,17 @@ class RequestTracker:
             raise ValueError(f"max_in_flight must be a positive int, got {max_in_flight!r}")
         if not isinstance(max_age_s, (int, float)) or not max_age_s > 0:
             raise ValueError(f"max_age_s must be a positive number of seconds, got {max_age_s!r}")
-        for name, value in (("model", model), ("provider_name", provider_name), ("operation_name", operation_name)):
+        for name, value in (
+            ("model", model),
+            ("provider_name", provider_name),
+            ("operation_name", operation_name),
+        ):
             if value is not None and not isinstance(value, str):
                 raise TypeError(f"{name} must be a str, got {type(value).__name__}")
-        base: dict[str, Any] = {sc.GEN_AI_PROVIDER_NAME: provider_name, sc.GEN_AI_OPERATION_NAME: operation_name}
+        base: dict[str, Any] = {
+            sc.GEN_AI_PROVIDER_NAME: provider_name,
+            sc.GEN_AI_OPERATION_NAME: operation_name,
+        }
         if model is not None:
             base[sc.GEN_AI_REQUEST_MODEL] = model
         self.model = model
@@ -98,17 +105,34 @@ class RequestTracker:
         self._evicted = 0
         self._itl = BucketHistogram(sc.BUCKETS_ITL, base, self._lock)
         self._itl_source = PreAggregatedSource(
-            sc.METRIC_ITL, sc.UNIT_SECONDS, "Inter-token latency: gap between consecutive tokens events",
+            sc.METRIC_ITL,
+            sc.UNIT_SECONDS,
+            "Inter-token latency: gap between consecutive tokens events",
             self._itl,
         )
         self._spans = SpanBuilder(tracer_provider, base, time.time_ns() - time.monotonic_ns())
         self._metrics = RequestMetrics(meter_provider, base)
-        self._metrics.observe(sc.METRIC_ACTIVE, sc.UNIT_REQUEST, "Requests in flight by state",
-                              self._observe_active, counter=False)
-        self._metrics.observe(sc.METRIC_ANOMALIES, sc.UNIT_ANOMALY, "Lifecycle anomalies by kind",
-                              self._observe_anomalies, counter=True)
-        self._metrics.observe(sc.METRIC_EVICTED, sc.UNIT_REQUEST, "Requests closed as evicted (never finished)",
-                              lambda: [(self._evicted, {})], counter=True)
+        self._metrics.observe(
+            sc.METRIC_ACTIVE,
+            sc.UNIT_REQUEST,
+            "Requests in flight by state",
+            self._observe_active,
+            counter=False,
+        )
+        self._metrics.observe(
+            sc.METRIC_ANOMALIES,
+            sc.UNIT_ANOMALY,
+            "Lifecycle anomalies by kind",
+            self._observe_anomalies,
+            counter=True,
+        )
+        self._metrics.observe(
+            sc.METRIC_EVICTED,
+            sc.UNIT_REQUEST,
+            "Requests closed as evicted (never finished)",
+            lambda: [(self._evicted, {})],
+            counter=True,
+        )
 
     # --- the hook -------------------------------------------------------------------------------
 
@@ -124,10 +148,16 @@ class RequestTracker:
     ) -> None:
         """The request entered the waiting queue (Q = ``ts``). ``arrival_ts`` (A) may be earlier, e.g.
         when the HTTP request arrived; ``carrier`` holds W3C ``traceparent``/``tracestate`` headers."""
-        if prompt_tokens is not None and (not isinstance(prompt_tokens, int) or isinstance(prompt_tokens, bool)):
-            raise TypeError(f"prompt_tokens must be an int count of prompt tokens, got {type(prompt_tokens).__name__}")
+        if prompt_tokens is not None and (
+            not isinstance(prompt_tokens, int) or isinstance(prompt_tokens, bool)
+        ):
+            raise TypeError(
+                f"prompt_tokens must be an int count of prompt tokens, got {type(prompt_tokens).__name__}"
+            )
         if attributes is not None and not isinstance(attributes, Mapping):
-            raise TypeError(f"attributes must be a mapping of attribute name to value, got {type(attributes).__name__}")
+            raise TypeError(
+                f"attributes must be a mapping of attribute name to value, got {type(attributes).__name__}"
+            )
         ts = self._timestamp(ts)
         arrival = ts if arrival_ts is None else self._timestamp(arrival_ts)
         parent, _remote = parent_context(carrier)
@@ -163,8 +193,9 @@ class RequestTracker:
                 else:
                     self._schedule(tl, self._clamp(tl, ts))
 
-    def tokens(self, request_ids: Sequence[Any], ts: float | None = None,
-               counts: Sequence[int] | None = None) -> None:
+    def tokens(
+        self, request_ids: Sequence[Any], ts: float | None = None, counts: Sequence[int] | None = None
+    ) -> None:
         """One engine step produced output tokens for these requests (1 each, or ``counts``)."""
         _check_ids(request_ids)
         ts = self._timestamp(ts)
@@ -186,7 +217,9 @@ class RequestTracker:
                         self._tokens_checked(rid, tl, ts, 1)
             else:
                 if isinstance(counts, (str, bytes)) or not isinstance(counts, Sequence):
-                    raise TypeError(f"counts must be a sequence of ints, one per request id, got {type(counts).__name__}")
+                    raise TypeError(
+                        f"counts must be a sequence of ints, one per request id, got {type(counts).__name__}"
+                    )
                 if len(counts) != len(request_ids):
                     raise ValueError(f"counts has {len(counts)} entries for {len(request_ids)} request ids")
                 for rid, n in zip(request_ids, counts):
@@ -222,11 +255,19 @@ class RequestTracker:
                 self._states[RUNNING] -= 1
                 self._states[PREEMPTED] += 1
 
-    def finished(self, request_id: Any, *, reason: str = sc.REASON_STOP, ts: float | None = None,
-                 error: BaseException | str | None = None) -> None:
+    def finished(
+        self,
+        request_id: Any,
+        *,
+        reason: str = sc.REASON_STOP,
+        ts: float | None = None,
+        error: BaseException | str | None = None,
+    ) -> None:
         """The request left the engine (E). ``reason``: stop, length, abort, error, or another string."""
         if not isinstance(reason, str):
-            raise TypeError(f"reason must be a str such as 'stop', 'length', 'abort' or 'error', got {reason!r}")
+            raise TypeError(
+                f"reason must be a str such as 'stop', 'length', 'abort' or 'error', got {reason!r}"
+            )
         ts = self._timestamp(ts)
         with self._lock:
             tl = self._inflight.pop(request_id, None)
@@ -257,8 +298,10 @@ class RequestTracker:
             evicted = self._due_evictions(_monotonic(), incoming=0)
         self._finish_all(evicted)
         ok = True
-        for provider in (self._tracer_provider or trace.get_tracer_provider(),
-                         self._meter_provider or metrics.get_meter_provider()):
+        for provider in (
+            self._tracer_provider or trace.get_tracer_provider(),
+            self._meter_provider or metrics.get_meter_provider(),
+        ):
             flush = getattr(provider, "force_flush", None)
             if flush is not None:
                 ok = bool(flush(timeout_millis)) and ok
@@ -286,7 +329,9 @@ class RequestTracker:
                 try:
                     ts = float(ts)  # numpy scalars and the like
                 except (TypeError, ValueError):
-                    raise TypeError(f"ts must be time.monotonic() seconds (a float) or None, got {ts!r}") from None
+                    raise TypeError(
+                        f"ts must be time.monotonic() seconds (a float) or None, got {ts!r}"
+                    ) from None
             ts = float(ts)
         if -_INF < ts < _INF:
             return ts

@@ -35,7 +35,9 @@ class ListMetricExporter(MetricExporter):
         super().__init__()
         self.batches: list[MetricsData] = []
 
-    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
+    def export(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+    ) -> MetricExportResult:
         self.batches.append(metrics_data)
         return MetricExportResult.SUCCESS
 
@@ -68,7 +70,11 @@ class RequestTrace:
         return self.root.start_time + round((mono_s - self.arrival) * 1e9)
 
     def assert_interval(self, span: ReadableSpan, start: float, end: float) -> None:
-        assert abs(span.start_time - self.at(start)) <= US, (span.name, "start", span.start_time - self.at(start))
+        assert abs(span.start_time - self.at(start)) <= US, (
+            span.name,
+            "start",
+            span.start_time - self.at(start),
+        )
         assert abs(span.end_time - self.at(end)) <= US, (span.name, "end", span.end_time - self.at(end))
 
     def events(self, name: str) -> list[Any]:

@@ -6,6 +6,8 @@ applied to each scenario's timestamps, not taken from the code under test.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from otel_llm import semconv as sc
@@ -56,7 +58,10 @@ def test_plain_request(harness):
     assert a[sc.LLM_LATENCY_E2E] == pytest.approx(E - A)
     assert tr.root.status.status_code.name == "UNSET"
     assert [e.name for e in sorted(tr.root.events, key=lambda e: e.timestamp)] == [
-        sc.EVENT_QUEUED, sc.EVENT_SCHEDULED, sc.EVENT_FIRST_TOKEN]
+        sc.EVENT_QUEUED,
+        sc.EVENT_SCHEDULED,
+        sc.EVENT_FIRST_TOKEN,
+    ]
     assert tr.events(sc.EVENT_SCHEDULED)[0].attributes[sc.LLM_RESUMED] is False
     assert abs(tr.events(sc.EVENT_FIRST_TOKEN)[0].timestamp - tr.at(F)) <= 1000
 
@@ -69,7 +74,7 @@ def test_plain_request(harness):
     assert hist(m, sc.METRIC_TPOT) == pytest.approx((1, (L - F) / 3))
     assert hist(m, sc.METRIC_REQUEST_DURATION) == pytest.approx((1, E - A))
     itl = point(m[sc.METRIC_ITL])
-    gaps = [b - a for a, b in zip(steps, steps[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(steps)]
     assert itl.count == 3 and itl.sum == pytest.approx(sum(gaps))
     assert itl.min == pytest.approx(min(gaps)) and itl.max == pytest.approx(max(gaps))
     assert point(m[sc.METRIC_REQUESTS], **{sc.LLM_FINISH_REASON: "length"}).value == 1
@@ -112,7 +117,9 @@ def test_preemption_during_decode(harness):
     assert a[sc.LLM_LATENCY_DECODE] == pytest.approx(T - F)
     preempted = tr.events(sc.EVENT_PREEMPTED)
     assert len(preempted) == 1 and preempted[0].attributes[sc.LLM_OUTPUT_TOKENS] == 2
-    resumed = [e.attributes[sc.LLM_RESUMED] for e in sorted(tr.events(sc.EVENT_SCHEDULED), key=lambda e: e.timestamp)]
+    resumed = [
+        e.attributes[sc.LLM_RESUMED] for e in sorted(tr.events(sc.EVENT_SCHEDULED), key=lambda e: e.timestamp)
+    ]
     assert resumed == [False, True]
 
     m = harness.metrics()
@@ -181,8 +188,10 @@ def test_several_preemptions(harness):
     tr.assert_interval(rec[0], R2, T2)
     tr.assert_interval(pre[1], P3, E)  # never rescheduled: evicted until the end
     assert tr.root.attributes[sc.LLM_PREEMPTIONS] == 3
-    assert [e.attributes[sc.LLM_OUTPUT_TOKENS] for e in sorted(tr.events(sc.EVENT_PREEMPTED),
-                                                              key=lambda e: e.timestamp)] == [0, 2, 4]
+    assert [
+        e.attributes[sc.LLM_OUTPUT_TOKENS]
+        for e in sorted(tr.events(sc.EVENT_PREEMPTED), key=lambda e: e.timestamp)
+    ] == [0, 2, 4]
     assert tr.root.status.status_code.name == "UNSET"  # a client abort is not a failure
     m = harness.metrics()
     assert point(m[sc.METRIC_PREEMPTIONS]).value == 3

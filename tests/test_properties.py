@@ -54,8 +54,14 @@ def test_random_event_sequences_keep_the_invariants(make_harness, events):
     assert sorted(roots) == sorted(finished)
     for s in spans.values():
         if s.name == sc.SPAN_REQUEST:
-            for key in (sc.LLM_LATENCY_QUEUE, sc.LLM_LATENCY_PREFILL, sc.LLM_LATENCY_DECODE,
-                        sc.LLM_LATENCY_INFERENCE, sc.LLM_LATENCY_TTFT, sc.LLM_LATENCY_E2E):
+            for key in (
+                sc.LLM_LATENCY_QUEUE,
+                sc.LLM_LATENCY_PREFILL,
+                sc.LLM_LATENCY_DECODE,
+                sc.LLM_LATENCY_INFERENCE,
+                sc.LLM_LATENCY_TTFT,
+                sc.LLM_LATENCY_E2E,
+            ):
                 assert s.attributes.get(key, 0) >= 0, key
     metrics = h.metrics()
     exported = {p.attributes[sc.LLM_ANOMALY_KIND]: p.value for p in metrics.get(sc.METRIC_ANOMALIES, [])}

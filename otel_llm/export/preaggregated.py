@@ -85,7 +85,9 @@ class PreAggregatedMetricExporter(MetricExporter):
         # For delta temporality: the cumulative snapshot and time of the previous export, per source.
         self._previous: dict[int, tuple[HistogramSnapshot, int]] = {}
 
-    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
+    def export(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+    ) -> MetricExportResult:
         sources = take_offered()
         if sources:
             metrics_data = self._merge(metrics_data, sources)
@@ -100,11 +102,19 @@ class PreAggregatedMetricExporter(MetricExporter):
     def _merge(self, data: MetricsData, sources: list[PreAggregatedSource]) -> MetricsData:
         if not data.resource_metrics:
             return data
-        now_ns = max(
-            (p.time_unix_nano for rm in data.resource_metrics for sm in rm.scope_metrics
-             for m in sm.metrics for p in m.data.data_points),
-            default=0,
-        ) or time.time_ns()
+        now_ns = (
+            max(
+                (
+                    p.time_unix_nano
+                    for rm in data.resource_metrics
+                    for sm in rm.scope_metrics
+                    for m in sm.metrics
+                    for p in m.data.data_points
+                ),
+                default=0,
+            )
+            or time.time_ns()
+        )
         metrics = [self._metric(source, now_ns) for source in sources]
         # One provider -> one resource; the tracker's observable callback proves the otel_llm scope exists.
         first = data.resource_metrics[0]
@@ -116,7 +126,9 @@ class PreAggregatedMetricExporter(MetricExporter):
         else:
             scope = InstrumentationScope(SCOPE_NAME, __version__)
             scopes.append(ScopeMetrics(scope=scope, metrics=metrics, schema_url=""))
-        return MetricsData(resource_metrics=[replace(first, scope_metrics=scopes), *data.resource_metrics[1:]])
+        return MetricsData(
+            resource_metrics=[replace(first, scope_metrics=scopes), *data.resource_metrics[1:]]
+        )
 
     def _metric(self, source: PreAggregatedSource, now_ns: int) -> Metric:
         hist = source.histogram
