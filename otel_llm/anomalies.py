@@ -20,6 +20,9 @@ BAD_TIMESTAMP = "bad_timestamp"  # NaN or infinite: replaced by now
 ARRIVAL_AFTER_QUEUED = "arrival_after_queued"  # clamped to queued
 BAD_TOKEN_COUNT = "bad_token_count"  # zero, negative or not an int in tokens(counts=...): event skipped
 FINISH_FAILED = "finish_failed"  # building spans or metrics raised: logged, the engine goes on
+SPAN_HOOK_FAILED = "span_hook_failed"  # the user's span_hook raised: logged once, span still exported
+ATTRIBUTE_DROPPED = "attribute_dropped"  # see otel_llm.attributes
+ATTRIBUTE_TRUNCATED = "attribute_truncated"
 
 KINDS = (
     UNKNOWN_REQUEST,
@@ -32,6 +35,9 @@ KINDS = (
     ARRIVAL_AFTER_QUEUED,
     BAD_TOKEN_COUNT,
     FINISH_FAILED,
+    SPAN_HOOK_FAILED,
+    ATTRIBUTE_DROPPED,
+    ATTRIBUTE_TRUNCATED,
 )
 
 

@@ -12,6 +12,7 @@ Monotonic seconds become wall-clock nanoseconds through one offset taken when th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry import trace
@@ -78,7 +79,12 @@ class SpanBuilder:
         # one step of that span's work.
         return SpanKind.INTERNAL if parent is not None and not parent.is_remote else SpanKind.SERVER
 
-    def build(self, fin: FinishedRequest, root_attributes: dict[str, Any]) -> Span:
+    def build(
+        self,
+        fin: FinishedRequest,
+        root_attributes: dict[str, Any],
+        before_end: Callable[[Span, FinishedRequest], None] | None = None,
+    ) -> Span:
         tl = fin.timeline
         tracer = self._real_tracer()
         ns = self.wall_ns
@@ -136,6 +142,8 @@ class SpanBuilder:
                 root.add_event(sc.EVENT_SCHEDULED, {sc.LLM_RESUMED: True}, timestamp=ns(p.rescheduled))
         if fin.reason in sc.FAILED_REASONS:
             root.set_status(Status(StatusCode.ERROR, _describe(fin)))
+        if before_end is not None:
+            before_end(root, fin)
         root.end(end_time=ns(end))
         return root
 

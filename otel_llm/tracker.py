@@ -17,12 +17,14 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry import metrics, trace
+from opentelemetry.trace import Span
 
 from otel_llm import anomalies as an
+from otel_llm import attributes as user_attrs
 from otel_llm import semconv as sc
 from otel_llm.export.preaggregated import PreAggregatedSource, offer
 from otel_llm.histogram import BucketHistogram
@@ -40,6 +42,8 @@ DEFAULT_PROVIDER_NAME = "otel_llm"
 DEFAULT_OPERATION_NAME = "text_completion"
 DEFAULT_MAX_IN_FLIGHT = 65_536
 DEFAULT_MAX_AGE_S = 1800.0  # a request in flight for 30 minutes is leaked, not slow
+
+SpanHook = Callable[[Span, FinishedRequest], None]
 
 _NO_STEP = object()  # "no previous tokens step": matches no request's last_token, not even None
 
@@ -61,6 +65,9 @@ class RequestTracker:
         provider_name / operation_name: ``gen_ai.provider.name`` / ``gen_ai.operation.name``.
         max_in_flight: requests kept at most; past it the oldest is closed with reason ``evicted``.
         max_age_s: a request in flight longer than this (monotonic seconds since queued) is evicted.
+        span_hook: called as ``span_hook(span, finished_request)`` on each ``llm.request`` span before it
+            ends (add attributes, events). An exception from it is logged once and counted; the span is
+            still exported.
     """
 
     def __init__(
@@ -73,6 +80,7 @@ class RequestTracker:
         operation_name: str = DEFAULT_OPERATION_NAME,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         max_age_s: float = DEFAULT_MAX_AGE_S,
+        span_hook: SpanHook | None = None,
     ) -> None:
         if not isinstance(max_in_flight, int) or max_in_flight < 1:
             raise ValueError(f"max_in_flight must be a positive int, got {max_in_flight!r}")
@@ -91,6 +99,11 @@ class RequestTracker:
         }
         if model is not None:
             base[sc.GEN_AI_REQUEST_MODEL] = model
+        if span_hook is not None and not callable(span_hook):
+            raise TypeError(
+                f"span_hook must be a callable (span, finished_request) -> None, got {span_hook!r}"
+            )
+        self._span_hook = span_hook
         self.model = model
         self.max_in_flight = max_in_flight
         self.max_age_s = float(max_age_s)
@@ -163,8 +176,10 @@ class RequestTracker:
         parent, _remote = parent_context(carrier)
         parent_sc = parent_span_context(parent)
         trace_id = parent_sc.trace_id if parent_sc is not None else new_trace_id()
-        user_attributes = dict(attributes) if attributes else None
+        user_attributes, problems = user_attrs.clean(attributes) if attributes else (None, ())
         with self._lock:
+            for kind in problems:
+                self._anomalies.note(kind, request_id)
             if arrival > ts:
                 self._anomalies.note(an.ARRIVAL_AFTER_QUEUED, request_id)
                 arrival = ts
@@ -421,12 +436,20 @@ class RequestTracker:
             if err is not None:
                 attrs[sc.ERROR_TYPE] = err
             attrs.update(iv.span_attributes())
-            root = self._spans.build(fin, attrs)
+            root = self._spans.build(fin, attrs, self._run_span_hook if self._span_hook else None)
             self._metrics.record(fin, iv, trace.set_span_in_context(root), err)
         except Exception:
             with self._lock:
                 self._anomalies.note(an.FINISH_FAILED, fin.timeline.request_id)
             _log.debug("otel_llm: finishing request %r failed", fin.timeline.request_id, exc_info=True)
+
+    def _run_span_hook(self, span: Span, fin: FinishedRequest) -> None:
+        try:
+            self._span_hook(span, fin)  # type: ignore[misc]
+        except Exception:  # user code: never let it cost the trace or the engine
+            with self._lock:
+                self._anomalies.note(an.SPAN_HOOK_FAILED, fin.timeline.request_id)
+            _log.debug("otel_llm: span_hook raised", exc_info=True)
 
     # --- observable callbacks (run in the metric reader's thread) --------------------------------
 

@@ -201,3 +201,52 @@ def test_eviction_by_age(make_harness):
     (root,) = h.roots()
     assert root.attributes[sc.LLM_REQUEST_ID] == "old"
     assert root.attributes[sc.GEN_AI_RESPONSE_FINISH_REASONS][0] == "evicted"
+
+
+def test_user_attributes_are_limited_and_counted(harness):
+    from otel_llm import attributes as limits
+
+    t = harness.tracker
+    attrs = {
+        "ok.int": 3,
+        "ok.list": ["a", "b"],
+        "long": "x" * (limits.MAX_VALUE_LENGTH + 50),
+        "bad.type": object(),
+        "bad.mixed": [1, "a"],
+        7: "non-str key",
+    }
+    attrs.update({f"extra.{i}": i for i in range(limits.MAX_ATTRIBUTES)})
+    t.queued("r", attributes=attrs)
+    t.finished("r")
+    a = harness.trace("r", 0).root.attributes
+    assert a["ok.int"] == 3 and tuple(a["ok.list"]) == ("a", "b")
+    assert len(a["long"]) == limits.MAX_VALUE_LENGTH
+    assert "bad.type" not in a and "bad.mixed" not in a
+    user_keys = [k for k in a if k.startswith(("ok.", "long", "extra."))]
+    assert len(user_keys) == limits.MAX_ATTRIBUTES
+    counts = t.anomaly_counts
+    assert counts[an.ATTRIBUTE_TRUNCATED] == 1
+    # object, mixed list, non-str key, and the attributes past the limit
+    assert counts[an.ATTRIBUTE_DROPPED] == 3 + (len(attrs) - 3 - limits.MAX_ATTRIBUTES)
+    for points in harness.metrics().values():
+        for p in points:
+            assert not set(p.attributes) & set(attrs), "user attributes must never reach metrics"
+
+
+def test_a_raising_span_hook_is_logged_once_and_the_trace_still_exported(make_harness, caplog):
+    calls = []
+
+    def hook(span, fin):
+        calls.append(fin.timeline.request_id)
+        span.set_attribute("tenant", "blue")
+        raise RuntimeError("bug in user code")
+
+    h = make_harness(span_hook=hook)
+    for rid in ["a", "b"]:
+        h.tracker.queued(rid)
+        h.tracker.finished(rid)
+    assert calls == ["a", "b"]
+    roots = h.roots()
+    assert len(roots) == 2 and all(r.attributes["tenant"] == "blue" for r in roots)
+    assert h.tracker.anomaly_counts == {an.SPAN_HOOK_FAILED: 2}
+    assert sum("span_hook_failed" in r.getMessage() for r in caplog.records) == 1

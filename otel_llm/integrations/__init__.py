@@ -1,0 +1,1 @@
+"""Adapters that switch otel_llm on inside existing engines and libraries."""
