@@ -120,10 +120,13 @@ class SpanBuilder:
             prefill = start(sc.SPAN_PREFILL, context=root_ctx, start_time=ns(s1))
         if first is not None:
             decode = start(sc.SPAN_DECODE, context=root_ctx, start_time=ns(first))
-        for p in tl.preemptions:
+        preemptions = tl.preemptions
+        for k, p in enumerate(preemptions):
             phase = decode if p.after_first_token else prefill
             if phase is not None:
-                self._preemption_spans(child, _set_span_in_context(phase), p, end)
+                # A recompute cut short by the next preemption ends there, so the spans never overlap.
+                until = preemptions[k + 1].preempted if k + 1 < len(preemptions) else end
+                self._preemption_spans(child, _set_span_in_context(phase), p, until)
         if prefill is not None:
             prefill.end(end_time=ns(first if first is not None else end))
         if decode is not None:

@@ -203,6 +203,32 @@ def test_several_preemptions(harness):
     assert itl.count == 3 and itl.sum == pytest.approx(t4 - F)
 
 
+def test_preempted_again_while_recomputing(harness):
+    """A recompute cut short by the next preemption ends there; only completed recomputes are timed."""
+    t = harness.tracker
+    Q, S1, P1, R1, P2, R2, F, E = (T0 + x for x in (0, 0.01, 0.02, 0.05, 0.06, 0.10, 0.15, 0.16))
+    t.queued("r", ts=Q)
+    t.scheduled(["r"], ts=S1)
+    t.preempted(["r"], ts=P1)
+    t.scheduled(["r"], ts=R1)
+    t.preempted(["r"], ts=P2)
+    t.scheduled(["r"], ts=R2)
+    t.tokens(["r"], ts=F)
+    t.finished("r", ts=E)
+    tr = harness.trace("r", Q)
+    prefill = tr.child(tr.root, sc.SPAN_PREFILL)
+    tr.assert_interval(prefill, S1, F)
+    pre, rec = tr.children(prefill, sc.SPAN_PREEMPTED), tr.children(prefill, sc.SPAN_RECOMPUTE)
+    tr.assert_interval(pre[0], P1, R1)
+    tr.assert_interval(rec[0], R1, P2)
+    tr.assert_interval(pre[1], P2, R2)
+    tr.assert_interval(rec[1], R2, F)
+    m = harness.metrics()
+    assert hist(m, sc.METRIC_PREEMPTED) == pytest.approx((2, (R1 - P1) + (R2 - P2)))
+    assert hist(m, sc.METRIC_RECOMPUTE) == pytest.approx((1, F - R2))
+    assert hist(m, sc.METRIC_PREFILL) == pytest.approx((1, F - S1))
+
+
 def test_abort_while_queued(harness):
     t = harness.tracker
     Q, E = T0, T0 + 0.4
