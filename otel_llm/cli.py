@@ -1,0 +1,29 @@
+"""The ``otel-llm`` console script. Each subcommand lives in ``otel_llm.commands.<name>``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from collections.abc import Sequence
+
+# Subcommand modules, in help order; a new subcommand is one module with register() plus a name here.
+COMMANDS = ("demo", "serve", "view")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="otel-llm", description="OpenTelemetry traces and metrics for every request an LLM engine serves"
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMANDS:
+        importlib.import_module(f"otel_llm.commands.{name}").register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,68 @@
+"""The demo's summary table, computed from finished request traces and per-step token timestamps."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+
+from rich.table import Table
+
+from otel_llm import semconv as sc
+from otel_llm.waterfall import RequestTrace
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..100) of ``values``; None when there are none."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def inter_token_latencies(token_ts: Mapping[str, Sequence[float]]) -> list[float]:
+    """Gaps between consecutive token timestamps of each request, seconds."""
+    return [b - a for ts in token_ts.values() for a, b in itertools.pairwise(ts)]
+
+
+def summary_table(
+    requests: Sequence[RequestTrace],
+    token_ts: Mapping[str, Sequence[float]],
+    engine_preemptions: int,
+    steps: int,
+    elapsed_s: float,
+) -> Table:
+    def attr(key: str) -> list[float]:
+        return [float(t.root.attributes[key]) for t in requests if key in t.root.attributes]
+
+    table = Table(title="otel-llm demo", title_justify="left")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    table.add_column("p50", justify="right")
+    table.add_column("p99", justify="right")
+    out_tokens = sum(int(t.root.attributes.get(sc.GEN_AI_USAGE_OUTPUT_TOKENS, 0)) for t in requests)
+    table.add_row("requests (traced)", str(len(requests)), "", "")
+    table.add_row("output tokens", str(out_tokens), "", "")
+    table.add_row(
+        "preemptions (spans / engine)",
+        f"{sum(t.preemptions for t in requests)} / {engine_preemptions}",
+        "",
+        "",
+    )
+    table.add_row("preempted requests", str(sum(1 for t in requests if t.preemptions)), "", "")
+    table.add_row("engine steps", str(steps), "", "")
+    table.add_row("wall time", f"{elapsed_s:.2f} s", "", "")
+    for label, values in (
+        ("TTFT", attr(sc.LLM_LATENCY_TTFT)),
+        ("inter-token latency", inter_token_latencies(token_ts)),
+        ("queue", attr(sc.LLM_LATENCY_QUEUE)),
+        ("e2e", attr(sc.LLM_LATENCY_E2E)),
+    ):
+        p50, p99 = percentile(values, 50), percentile(values, 99)
+        table.add_row(
+            f"{label} (ms)",
+            f"n={len(values)}",
+            "-" if p50 is None else f"{p50 * 1000:.1f}",
+            "-" if p99 is None else f"{p99 * 1000:.1f}",
+        )
+    return table

@@ -1,0 +1,188 @@
+"""The engine loop: add requests, then ``step()`` until done. Each step reads as a sentence:
+schedule, report preemptions and admissions, run the model, append tokens, report them, finish.
+
+Per-request telemetry goes only through the public hook (a ``RequestTracker`` or anything with its
+methods); each step takes one timestamp for its scheduling decisions and one for its tokens.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry import metrics, trace
+
+from otel_llm import semconv
+from otel_llm.engine.config import EngineConfig
+from otel_llm.engine.model_runner import ModelRunner
+from otel_llm.engine.scheduler import Scheduler
+from otel_llm.engine.sequence import Sequence, SequenceStatus
+from otel_llm.engine.telemetry import EngineTelemetry, parse_traceparent
+from otel_llm.engine.tokenizer import ByteTokenizer
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """Tokens one step produced for one request. ``ts`` is the step's ``time.monotonic()`` seconds."""
+
+    request_id: str
+    new_token_ids: list[int]
+    finished: bool
+    finish_reason: str | None
+    ts: float
+
+
+class LLMEngine:
+    """A continuous-batching engine over a paged KV cache, with recompute preemption.
+
+    ``tracker`` receives the request lifecycle (queued / scheduled / preempted / tokens / finished);
+    ``meter_provider`` and ``tracer_provider`` (global ones when omitted) receive the step-level
+    metrics and, with ``config.step_spans``, the ``llm.engine.step`` spans.
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        *,
+        tracker: Any | None = None,
+        meter_provider: metrics.MeterProvider | None = None,
+        tracer_provider: trace.TracerProvider | None = None,
+    ) -> None:
+        self.config = config or EngineConfig()
+        self.tokenizer = ByteTokenizer()
+        self.scheduler = Scheduler(self.config)
+        self.runner = ModelRunner(self.config, self.scheduler.block_manager)
+        self.tracker = tracker
+        self.telemetry = EngineTelemetry(
+            self.scheduler, meter_provider, tracer_provider, step_spans=self.config.step_spans
+        )
+        self._seqs: dict[str, Sequence] = {}
+        self._ids = itertools.count()
+
+    def add_request(
+        self,
+        prompt: str | list[int],
+        max_tokens: int = 16,
+        request_id: str | None = None,
+        carrier: Mapping[str, str] | None = None,
+        stop_token_ids: Iterable[int] = (),
+        arrival_ts: float | None = None,
+    ) -> str:
+        """Queue a request and return its id. ``carrier`` may hold a W3C ``traceparent`` to join."""
+        token_ids = self.validate_request(prompt, max_tokens)
+        request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if request_id in self._seqs:
+            raise ValueError(f"request id {request_id!r} is already in the engine; pass a unique one")
+        seq = Sequence(request_id, token_ids, max_tokens, frozenset(stop_token_ids))
+        self._seqs[request_id] = seq
+        self.scheduler.add(seq)
+        if self.tracker is not None:
+            self.tracker.queued(
+                request_id, arrival_ts=arrival_ts, prompt_tokens=len(token_ids), carrier=carrier
+            )
+            if self.telemetry.step_spans:
+                seq.trace_link = parse_traceparent(self.tracker.traceparent(request_id))
+        return request_id
+
+    def validate_request(self, prompt: str | list[int], max_tokens: int) -> list[int]:
+        """The prompt's token ids, or ValueError when the request could never run on this engine."""
+        token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not token_ids:
+            raise ValueError("prompt is empty; pass at least one character or token id")
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        limit = min(self.config.kv_capacity, self.config.model.max_position)
+        if len(token_ids) + max_tokens > limit:
+            raise ValueError(
+                f"prompt ({len(token_ids)} tokens) + max_tokens ({max_tokens}) exceeds the {limit} tokens "
+                "one sequence may hold (KV cache slots, model positions); raise num_kv_blocks or shorten it"
+            )
+        return token_ids
+
+    def abort_request(self, request_id: str) -> bool:
+        """Remove a waiting or running request; False if it is unknown or already finished."""
+        seq = self._seqs.pop(request_id, None)
+        if seq is None:
+            return False
+        self.scheduler.finish(seq, semconv.REASON_ABORT)
+        if self.tracker is not None:
+            self.tracker.finished(request_id, reason=semconv.REASON_ABORT)
+        return True
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    @property
+    def num_preemptions(self) -> int:
+        return self.scheduler.num_preemptions
+
+    def step(self) -> list[RequestOutput]:
+        sched_ts = time.monotonic()
+        batch = self.scheduler.schedule()
+        tracker = self.tracker
+        if tracker is not None and batch.preempted:
+            tracker.preempted([s.request_id for s in batch.preempted], ts=sched_ts)
+        if tracker is not None and batch.newly_scheduled:
+            tracker.scheduled([s.request_id for s in batch.newly_scheduled], ts=sched_ts)
+        if batch.is_empty():
+            self.telemetry.record_step([], 0, 0, len(batch.preempted), 0.0, sched_ts, sched_ts)
+            return []
+        decode_tokens = sum(1 for s in batch.seqs if not s.is_prefill)
+        next_tokens = self.runner.run(batch)
+        ts = time.monotonic()
+
+        outputs: list[RequestOutput] = []
+        finished: list[Sequence] = []
+        for seq, n, token in zip(batch.seqs, batch.num_new_tokens, next_tokens, strict=True):
+            seq.num_computed_tokens += n
+            if token is None:
+                continue  # a prefill chunk that does not reach the end yet
+            seq.output_token_ids.append(token)
+            reason = self._finish_reason(seq, token)
+            if reason is not None:
+                self.scheduler.finish(seq, reason)
+                finished.append(seq)
+            outputs.append(RequestOutput(seq.request_id, [token], reason is not None, reason, ts))
+        if tracker is not None:
+            if outputs:
+                tracker.tokens([o.request_id for o in outputs], ts=ts)
+            for seq in finished:
+                tracker.finished(seq.request_id, reason=seq.finish_reason, ts=ts)
+        for seq in finished:
+            del self._seqs[seq.request_id]
+        self.telemetry.record_step(
+            batch.seqs,
+            batch.num_tokens - decode_tokens,
+            decode_tokens,
+            len(batch.preempted),
+            self.runner.last_forward_s,
+            sched_ts,
+            ts,
+        )
+        return outputs
+
+    @staticmethod
+    def _finish_reason(seq: Sequence, token: int) -> str | None:
+        if token in seq.stop_token_ids:
+            return semconv.REASON_STOP
+        if seq.num_output_tokens >= seq.max_tokens:
+            return semconv.REASON_LENGTH
+        return None
+
+    def generate(self, prompts: Iterable[str], max_tokens: int = 16) -> list[str]:
+        """Run ``prompts`` to completion and return their generated texts, in order."""
+        ids = [self.add_request(p, max_tokens=max_tokens) for p in prompts]
+        produced: dict[str, list[int]] = {rid: [] for rid in ids}
+        while self.has_unfinished():
+            for out in self.step():
+                if out.request_id in produced:
+                    produced[out.request_id] += out.new_token_ids
+        return [self.tokenizer.decode(produced[rid]) for rid in ids]
+
+    def sequence(self, request_id: str) -> Sequence | None:
+        """The live sequence of an unfinished request (for inspection), or None."""
+        seq = self._seqs.get(request_id)
+        return seq if seq is not None and seq.status is not SequenceStatus.FINISHED else None

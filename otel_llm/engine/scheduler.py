@@ -1,0 +1,105 @@
+"""Continuous-batching scheduler with vLLM V1's recompute preemption.
+
+Each step has a token budget shared by prefill chunks and decodes. Running sequences are served first,
+in admission order; when one needs a KV block and the pool is empty, the most recently admitted
+running sequence is preempted (its blocks freed, itself pushed to the front of the waiting queue) until
+the block fits, possibly preempting the needy sequence itself. Waiting sequences are admitted only in
+steps without preemption, so a freshly evicted sequence is not re-admitted into the same shortage.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from otel_llm.engine.block_manager import BlockManager
+from otel_llm.engine.config import EngineConfig
+from otel_llm.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass(slots=True)
+class ScheduledBatch:
+    """What one step runs: each sequence with the number of its tokens to feed the model."""
+
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    newly_scheduled: list[Sequence] = field(default_factory=list)  # first time, or resumed after preemption
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    def is_empty(self) -> bool:
+        return not self.seqs
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.block_manager = BlockManager(config.num_kv_blocks, config.block_size)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # admission order: the last one is the next to preempt
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self.config.max_num_batched_tokens
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(seq.num_uncomputed_tokens, budget)
+            while not self.block_manager.can_allocate(seq, seq.num_computed_tokens + n):
+                victim = self.running.pop()
+                self._preempt(victim)
+                batch.preempted.append(victim)
+                if victim is seq:
+                    break
+            if seq.status is not SequenceStatus.RUNNING:
+                break  # seq preempted itself; everything after it was preempted before it
+            self.block_manager.allocate(seq, seq.num_computed_tokens + n)
+            batch.seqs.append(seq)
+            batch.num_new_tokens.append(n)
+            budget -= n
+            i += 1
+
+        if batch.preempted:
+            return batch
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            n = min(seq.num_uncomputed_tokens, budget)
+            if not self.block_manager.can_allocate(seq, n):
+                break  # first come, first served: nobody overtakes the head of the queue
+            self.waiting.popleft()
+            self.block_manager.allocate(seq, n)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            batch.seqs.append(seq)
+            batch.num_new_tokens.append(n)
+            batch.newly_scheduled.append(seq)
+            budget -= n
+        return batch
+
+    def _preempt(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        seq.num_computed_tokens = 0  # recompute prompt + produced tokens when rescheduled
+        self.block_manager.free(seq)
+        self.waiting.appendleft(seq)
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Take ``seq`` out of the queue or the batch for good and free its blocks."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        self.block_manager.free(seq)

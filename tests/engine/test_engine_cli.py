@@ -1,0 +1,60 @@
+"""``otel-llm demo`` and ``otel-llm view`` in subprocesses: files written, waterfall printed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}  # no endpoint: the file default
+    env["COLUMNS"] = "120"
+    return subprocess.run(
+        [sys.executable, "-m", "otel_llm.cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_demo_writes_otlp_json_and_view_draws_the_preempted_request(tmp_path: Path) -> None:
+    demo = _cli("demo", "--requests", "10", "--kv-blocks", "12", "--output-dir", "out", cwd=tmp_path)
+    assert demo.returncode == 0, demo.stderr
+    traces, metrics = tmp_path / "out" / "traces.jsonl", tmp_path / "out" / "metrics.jsonl"
+    assert metrics.stat().st_size > 0
+
+    # Read the file independently of otel_llm's reader: request spans and their preemption counts.
+    spans = [
+        span
+        for line in traces.read_text().splitlines()
+        for rs in json.loads(line)["resourceSpans"]
+        for ss in rs["scopeSpans"]
+        for span in ss["spans"]
+    ]
+    roots = [s for s in spans if s["name"] == "llm.request"]
+    assert len(roots) == 10
+    attrs = [{a["key"]: a["value"] for a in r["attributes"]} for r in roots]
+    preemptions = {a["llm.request.id"]["stringValue"]: int(a["llm.preemptions"]["intValue"]) for a in attrs}
+    most = max(preemptions, key=preemptions.__getitem__)
+    assert preemptions[most] > 0, "the demo workload must preempt"
+    total = sum(preemptions.values())
+    assert f"{total} / {total}" in demo.stdout  # spans and engine agree in the summary table
+    assert "TTFT" in demo.stdout and "llm.recompute" in demo.stdout
+
+    view = _cli("view", str(traces), "--request", most, cwd=tmp_path)
+    assert view.returncode == 0, view.stderr
+    assert f"request {most}" in view.stdout
+    assert f"preemptions: {preemptions[most]}" in view.stdout
+    for name in ("llm.queue", "llm.prefill", "llm.preempted", "llm.recompute"):
+        assert name in view.stdout
+
+    slowest = _cli("view", str(traces), "--slowest", cwd=tmp_path)
+    assert slowest.returncode == 0 and "llm.request" in slowest.stdout
+
+    missing = _cli("view", str(traces), "--request", "no-such-request", cwd=tmp_path)
+    assert missing.returncode == 2 and "no-such-request" in missing.stderr
