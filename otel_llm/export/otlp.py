@@ -1,0 +1,107 @@
+"""Which exporter each signal gets, decided from the standard OTEL_* environment variables.
+
+otel_llm reads only what decides the choice: the exporter kind (``OTEL_TRACES_EXPORTER`` /
+``OTEL_METRICS_EXPORTER``), whether an OTLP endpoint is configured, and the protocol. Everything else
+(endpoint URLs and the HTTP ``/v1/<signal>`` path rule, headers, compression, timeouts, certificates,
+TLS) is read by the SDK's own OTLP exporters, which are built without arguments for that reason.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+from opentelemetry.sdk.metrics.export import MetricExporter
+from opentelemetry.sdk.trace.export import SpanExporter
+
+Signal = Literal["traces", "metrics"]
+Destination = Literal["otlp", "file", "none"]
+
+PROTOCOL_GRPC = "grpc"
+PROTOCOL_HTTP = "http/protobuf"
+# The OpenTelemetry specification's default transport.
+DEFAULT_PROTOCOL = PROTOCOL_HTTP
+_PROTOCOLS = (PROTOCOL_GRPC, PROTOCOL_HTTP)
+
+ENV_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
+ENV_PROTOCOL = "OTEL_EXPORTER_OTLP_PROTOCOL"
+# "otlp" is the standard default; "file" forces the OTLP-JSON files even when an endpoint is set.
+_KINDS = ("otlp", "file", "none")
+
+
+def _env(name: str) -> str:
+    return os.environ.get(name, "").strip()
+
+
+def _signal_env(signal: Signal, suffix: str) -> str:
+    return f"OTEL_EXPORTER_OTLP_{signal.upper()}_{suffix}"
+
+
+def endpoint_configured(signal: Signal) -> bool:
+    """True when the generic or the per-signal OTLP endpoint variable is set and non-empty."""
+    return bool(_env(_signal_env(signal, "ENDPOINT")) or _env(ENV_ENDPOINT))
+
+
+def protocol(signal: Signal) -> str:
+    """The signal's OTLP protocol: the per-signal variable, else the generic one, else http/protobuf.
+
+    Raises ValueError for any value other than ``grpc`` or ``http/protobuf``, naming the variable.
+    """
+    for name in (_signal_env(signal, "PROTOCOL"), ENV_PROTOCOL):
+        value = _env(name)
+        if not value:
+            continue
+        if value.lower() in _PROTOCOLS:
+            return value.lower()
+        hint = " (otel_llm ships no OTLP/JSON-over-HTTP exporter)" if value.lower() == "http/json" else ""
+        raise ValueError(
+            f"{name}={value!r} is not supported{hint}: set it to 'grpc' (collector port 4317) or "
+            f"'http/protobuf' (collector port 4318), or unset it for the default {DEFAULT_PROTOCOL!r}"
+        )
+    return DEFAULT_PROTOCOL
+
+
+def destination(signal: Signal) -> Destination:
+    """Where a signal goes: ``otlp`` (an endpoint is configured), ``file`` (the embedded default) or ``none``.
+
+    Raises ValueError for an ``OTEL_TRACES_EXPORTER`` / ``OTEL_METRICS_EXPORTER`` value otel_llm cannot
+    honour, and validates the protocol even when it ends up unused, so a typo fails at start-up.
+    """
+    name = f"OTEL_{signal.upper()}_EXPORTER"
+    kind = _env(name).lower() or "otlp"
+    if kind not in _KINDS:
+        raise ValueError(
+            f"{name}={kind!r} is not supported by otel_llm.configure(): set it to 'otlp' (the default: "
+            f"OTLP when an endpoint is configured, else OTLP-JSON files), 'file' or 'none'"
+        )
+    protocol(signal)
+    if kind == "otlp" and not endpoint_configured(signal):
+        return "file"
+    return kind  # type: ignore[return-value]
+
+
+def otlp_span_exporter(signal_protocol: str) -> SpanExporter:
+    """The SDK's OTLP span exporter for the protocol, configured entirely from the environment."""
+    # Imported here so a process that exports over one protocol (or to files) never loads the other stack.
+    if signal_protocol == PROTOCOL_GRPC:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
+
+        return GrpcSpanExporter()
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
+
+    return HttpSpanExporter()
+
+
+def otlp_metric_exporter(signal_protocol: str) -> MetricExporter:
+    """The SDK's OTLP metric exporter; it reads temporality and histogram aggregation preferences itself."""
+    if signal_protocol == PROTOCOL_GRPC:
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
+            OTLPMetricExporter as GrpcMetricExporter,
+        )
+
+        return GrpcMetricExporter()
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
+        OTLPMetricExporter as HttpMetricExporter,
+    )
+
+    return HttpMetricExporter()

@@ -1,0 +1,151 @@
+"""The handle ``configure()`` returns: the providers, plus flush and shutdown that always come back.
+
+The SDK's own flush and shutdown can wait for a long time when the collector is unreachable: a batch span
+processor's flush ignores its timeout, and the OTLP exporters retry with backoff for up to their export
+timeout. An engine that is stopping must not hang on telemetry, so this handle runs the SDK calls on
+daemon worker threads and waits for them only until a deadline. Past the deadline it tells the exporters
+to stop (which ends their retries and closes their connections) and returns; whatever had not been
+exported by then is lost, and a warning says so.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from opentelemetry.metrics import MeterProvider
+from opentelemetry.trace import TracerProvider
+
+_logger = logging.getLogger(__name__)
+
+# How long the exporters get, after the deadline, to notice they were told to stop.
+_ABORT_GRACE_S = 1.0
+
+
+def _run_until(tasks: Sequence[tuple[str, Callable[[], Any]]], deadline: float) -> list[str]:
+    """Run each task on its own daemon thread; return the names of those still running at ``deadline``.
+
+    ``deadline`` is a ``time.monotonic()`` value in seconds.
+    """
+    threads = []
+    for name, task in tasks:
+        thread = threading.Thread(target=_guarded, args=(name, task), name=f"otel_llm-{name}", daemon=True)
+        thread.start()
+        threads.append((name, thread))
+    for _, thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return [name for name, thread in threads if thread.is_alive()]
+
+
+def _guarded(name: str, task: Callable[[], Any]) -> None:
+    try:
+        task()
+    except Exception:  # a telemetry failure at flush or shutdown must not surface in the engine
+        _logger.exception("otel_llm: %s failed", name)
+
+
+class Telemetry:
+    """Tracer and meter providers built by ``otel_llm.configure()``, with bounded flush and shutdown.
+
+    Attributes:
+        tracer_provider: pass it to ``RequestTracker(tracer_provider=...)`` (or rely on the global one).
+        meter_provider: pass it to ``RequestTracker(meter_provider=...)``.
+        output_dir: the directory of the OTLP-JSON files, or None when no signal goes to files.
+        shutdown_timeout_s: the default bound, in seconds, of ``force_flush`` and ``shutdown``.
+    """
+
+    def __init__(
+        self,
+        tracer_provider: TracerProvider,
+        meter_provider: MeterProvider,
+        *,
+        exporters: Sequence[Any] = (),
+        output_dir: Any = None,
+        shutdown_timeout_s: float = 5.0,
+    ) -> None:
+        self.tracer_provider = tracer_provider
+        self.meter_provider = meter_provider
+        self.output_dir = output_dir
+        self.shutdown_timeout_s = shutdown_timeout_s
+        self._exporters = list(exporters)
+        self._lock = threading.Lock()
+        self._shutdown_result: bool | None = None
+        atexit.register(self._shutdown_at_exit)
+
+    @property
+    def is_shutdown(self) -> bool:
+        return self._shutdown_result is not None
+
+    def force_flush(self, timeout_s: float | None = None) -> bool:
+        """Export everything buffered; wait at most ``timeout_s`` seconds (default ``shutdown_timeout_s``).
+
+        Returns True when both providers finished flushing in time (an export the collector rejected
+        still finished; the exporter logs that loss). Never raises.
+        """
+        if self.is_shutdown:
+            return False
+        budget = self.shutdown_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + budget
+        late = _run_until(self._provider_calls("force_flush", budget), deadline)
+        if late:
+            _logger.warning("otel_llm: %s did not finish within %.1f s", ", ".join(late), budget)
+        return not late
+
+    def shutdown(self, timeout_s: float | None = None) -> bool:
+        """Flush and stop both providers, returning within about ``timeout_s`` seconds (+1 s grace).
+
+        ``timeout_s`` defaults to ``shutdown_timeout_s`` (``configure(shutdown_timeout_s=...)`` or the
+        ``OTEL_LLM_SHUTDOWN_TIMEOUT`` environment variable, default 5 s). Returns True when both providers
+        finished in time, False when it gave up on them. Idempotent: later calls return the first call's
+        result at once. Never raises.
+        """
+        with self._lock:
+            if self._shutdown_result is not None:
+                return self._shutdown_result
+            budget = self.shutdown_timeout_s if timeout_s is None else timeout_s
+            deadline = time.monotonic() + budget
+            late = _run_until(self._provider_calls("shutdown", budget), deadline)
+            if late:
+                _logger.warning(
+                    "otel_llm: %s did not finish within %.1f s (collector unreachable or slow?); "
+                    "unexported telemetry is dropped",
+                    ", ".join(late),
+                    budget,
+                )
+                self._abort_exporters()
+            self._shutdown_result = not late
+            atexit.unregister(self._shutdown_at_exit)
+            return self._shutdown_result
+
+    def _provider_calls(self, method: str, budget_s: float) -> list[tuple[str, Callable[[], Any]]]:
+        """``(name, call)`` for each provider that has ``method``; no-op providers have neither."""
+        timeout_millis = max(0.0, budget_s) * 1000
+        calls: list[tuple[str, Callable[[], Any]]] = []
+        for signal, provider in (("trace", self.tracer_provider), ("metrics", self.meter_provider)):
+            call = getattr(provider, method, None)
+            if call is None:
+                continue
+            # TracerProvider.shutdown takes no timeout; the deadline in _run_until bounds it instead.
+            if not (signal == "trace" and method == "shutdown"):
+                call = functools.partial(call, timeout_millis=timeout_millis)
+            calls.append((f"{signal} {method}", call))
+        return calls
+
+    def _abort_exporters(self) -> None:
+        """Tell each exporter to stop retrying and close its connection, without waiting long for it."""
+        tasks = [(f"abort {type(e).__name__}", e.shutdown) for e in self._exporters]
+        _run_until(tasks, time.monotonic() + _ABORT_GRACE_S)
+
+    def _shutdown_at_exit(self) -> None:
+        self.shutdown()
+
+    def __repr__(self) -> str:
+        return (
+            f"Telemetry(tracer_provider={type(self.tracer_provider).__name__}, "
+            f"meter_provider={type(self.meter_provider).__name__}, output_dir={self.output_dir!r})"
+        )

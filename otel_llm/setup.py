@@ -1,0 +1,225 @@
+"""``configure()``: tracer and meter providers from the standard OTEL_* environment variables.
+
+Where each signal goes:
+
+- an OTLP endpoint is configured for it (``OTEL_EXPORTER_OTLP_ENDPOINT`` or the per-signal
+  ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT``): the SDK's OTLP
+  exporter over ``OTEL_EXPORTER_OTLP_PROTOCOL`` (``grpc`` or ``http/protobuf``, the default), which reads
+  headers, compression, timeout and TLS settings itself;
+- no endpoint: OTLP JSON lines files, ``traces.jsonl`` and ``metrics.jsonl``, in ``./otel-llm-output/``
+  (or ``output_dir=`` / ``OTEL_LLM_OUTPUT_DIR``), replayable into any OTLP backend later;
+- ``OTEL_TRACES_EXPORTER`` / ``OTEL_METRICS_EXPORTER`` = ``none``: nowhere; ``file``: files even when an
+  endpoint is set. ``OTEL_SDK_DISABLED=true`` turns everything off (no-op providers, no files).
+
+Example::
+
+    import otel_llm
+
+    telemetry = otel_llm.configure(service_name="my-engine")
+    tracker = otel_llm.RequestTracker(model="my-model")   # uses the global providers set above
+    ...
+    telemetry.shutdown()                                   # bounded, even with the collector down
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricExporter, PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.view import View
+from opentelemetry.sdk.resources import SERVICE_NAME, OTELResourceDetector, Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+
+from otel_llm.export import otlp
+from otel_llm.export.otlp_json import OtlpJsonMetricExporter, OtlpJsonSpanExporter
+from otel_llm.export.preaggregated import PreAggregatedMetricExporter
+from otel_llm.export.telemetry import Telemetry
+
+__all__ = ["Telemetry", "configure"]
+
+_logger = logging.getLogger(__name__)
+
+ENV_OUTPUT_DIR = "OTEL_LLM_OUTPUT_DIR"
+ENV_SHUTDOWN_TIMEOUT = "OTEL_LLM_SHUTDOWN_TIMEOUT"
+ENV_SDK_DISABLED = "OTEL_SDK_DISABLED"
+DEFAULT_OUTPUT_DIR = "otel-llm-output"
+# Long enough for a final export to a healthy collector, short enough that a stopping engine with an
+# unreachable collector is not held up noticeably.
+DEFAULT_SHUTDOWN_TIMEOUT_S = 5.0
+
+_global_lock = threading.Lock()
+_global_telemetry: Telemetry | None = None
+
+
+def configure(
+    *,
+    service_name: str | None = None,
+    output_dir: str | os.PathLike[str] | None = None,
+    set_global: bool = True,
+    resource_attributes: Mapping[str, Any] | None = None,
+    shutdown_timeout_s: float | None = None,
+    views: Sequence[View] = (),
+) -> Telemetry:
+    """Build tracer and meter providers from the environment and return their handle.
+
+    Args:
+        service_name: ``service.name`` when the environment sets none (``OTEL_SERVICE_NAME`` and a
+            ``service.name`` in ``OTEL_RESOURCE_ATTRIBUTES`` win, so operators can rename a deployment).
+        output_dir: directory of the OTLP-JSON files for signals without an endpoint; default
+            ``OTEL_LLM_OUTPUT_DIR``, else ``./otel-llm-output`` (resolved against the current directory now).
+        set_global: also install the providers as OpenTelemetry's global ones. OpenTelemetry allows that
+            once per process: a second ``configure(set_global=True)`` returns the first handle unchanged
+            (with a warning); if other code already set the globals, the new providers are returned
+            without becoming global (and a warning says so).
+        resource_attributes: extra resource attributes; the environment's take precedence.
+        shutdown_timeout_s: bound in seconds of ``Telemetry.shutdown()`` / ``force_flush()``; default
+            ``OTEL_LLM_SHUTDOWN_TIMEOUT``, else 5.
+        views: metric views, e.g. to switch one histogram to exponential buckets.
+
+    Raises:
+        ValueError: an unsupported ``OTEL_EXPORTER_OTLP_*PROTOCOL`` or ``OTEL_*_EXPORTER`` value, or a bad
+            shutdown timeout. Nothing is built in that case.
+
+    Sampling (``OTEL_TRACES_SAMPLER`` / ``_ARG``), the metric export interval
+    (``OTEL_METRIC_EXPORT_INTERVAL``, ms) and the batch span processor (``OTEL_BSP_*``) are read by the
+    SDK as usual.
+    """
+    global _global_telemetry
+    timeout_s = _shutdown_timeout(shutdown_timeout_s)
+    with _global_lock:
+        if set_global and _global_telemetry is not None and not _global_telemetry.is_shutdown:
+            _logger.warning(
+                "otel_llm.configure() already set the global providers; returning that handle "
+                "(the arguments and environment of this call are not applied)"
+            )
+            return _global_telemetry
+        telemetry = _build(service_name, output_dir, resource_attributes, timeout_s, views)
+        if set_global and _install_global(telemetry):
+            _global_telemetry = telemetry
+        return telemetry
+
+
+def _build(
+    service_name: str | None,
+    output_dir: str | os.PathLike[str] | None,
+    resource_attributes: Mapping[str, Any] | None,
+    timeout_s: float,
+    views: Sequence[View],
+) -> Telemetry:
+    if os.environ.get(ENV_SDK_DISABLED, "").strip().lower() == "true":
+        _logger.info("otel_llm: %s=true, telemetry is off", ENV_SDK_DISABLED)
+        return Telemetry(
+            trace.NoOpTracerProvider(), metrics.NoOpMeterProvider(), shutdown_timeout_s=timeout_s
+        )
+    # Decide (and validate) both signals before building anything, so bad configuration leaves no threads.
+    traces_to, metrics_to = otlp.destination("traces"), otlp.destination("metrics")
+    directory = _output_dir(output_dir) if "file" in (traces_to, metrics_to) else None
+    resource = _resource(service_name, resource_attributes)
+
+    span_exporter = _span_exporter(traces_to, directory)
+    tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+    if span_exporter is not None:
+        tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
+
+    metric_exporter = _metric_exporter(metrics_to, directory)
+    readers = [PeriodicExportingMetricReader(metric_exporter)] if metric_exporter is not None else []
+    meter_provider = MeterProvider(
+        resource=resource, metric_readers=readers, views=list(views), shutdown_on_exit=False
+    )
+    _logger.info(
+        "otel_llm: traces -> %s, metrics -> %s",
+        _describe(traces_to, "traces", directory),
+        _describe(metrics_to, "metrics", directory),
+    )
+    return Telemetry(
+        tracer_provider,
+        meter_provider,
+        exporters=[e for e in (span_exporter, metric_exporter) if e is not None],
+        output_dir=directory,
+        shutdown_timeout_s=timeout_s,
+    )
+
+
+def _span_exporter(to: str, directory: Path | None) -> SpanExporter | None:
+    if to == "otlp":
+        return otlp.otlp_span_exporter(otlp.protocol("traces"))
+    if to == "file" and directory is not None:
+        return OtlpJsonSpanExporter(directory)
+    return None
+
+
+def _metric_exporter(to: str, directory: Path | None) -> MetricExporter | None:
+    inner: MetricExporter
+    if to == "otlp":
+        inner = otlp.otlp_metric_exporter(otlp.protocol("metrics"))
+    elif to == "file" and directory is not None:
+        inner = OtlpJsonMetricExporter(directory)
+    else:
+        return None
+    # Merges otel_llm's own pre-aggregated histograms (inter-token latency) into every export.
+    return PreAggregatedMetricExporter(inner)
+
+
+def _resource(service_name: str | None, extra: Mapping[str, Any] | None) -> Resource:
+    code: dict[str, Any] = dict(extra or {})
+    if service_name:
+        code[SERVICE_NAME] = service_name
+    # Resource.create() lets code override the environment; merging the environment's attributes
+    # (OTEL_RESOURCE_ATTRIBUTES, OTEL_SERVICE_NAME) on top again gives the operator the last word.
+    return Resource.create(code).merge(OTELResourceDetector().detect())
+
+
+def _output_dir(arg: str | os.PathLike[str] | None) -> Path:
+    chosen = arg if arg is not None else (os.environ.get(ENV_OUTPUT_DIR, "").strip() or DEFAULT_OUTPUT_DIR)
+    return Path(chosen).expanduser().absolute()
+
+
+def _shutdown_timeout(arg: float | None) -> float:
+    source, raw = ("shutdown_timeout_s", arg) if arg is not None else (ENV_SHUTDOWN_TIMEOUT, None)
+    if arg is None:
+        raw = os.environ.get(ENV_SHUTDOWN_TIMEOUT, "").strip() or None
+        if raw is None:
+            return DEFAULT_SHUTDOWN_TIMEOUT_S
+    try:
+        value = float(raw)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{source}={raw!r}: pass a positive number of seconds, e.g. 5")
+    return value
+
+
+def _install_global(telemetry: Telemetry) -> bool:
+    """Make the providers global; False (and a warning) when other code got there first."""
+    if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        _logger.warning(
+            "otel_llm.configure(): a global TracerProvider was already set by other code; the new providers "
+            "are not global, pass them to RequestTracker(tracer_provider=..., meter_provider=...)"
+        )
+        return False
+    trace.set_tracer_provider(telemetry.tracer_provider)
+    metrics.set_meter_provider(telemetry.meter_provider)
+    if metrics.get_meter_provider() is not telemetry.meter_provider:
+        _logger.warning(
+            "otel_llm.configure(): a global MeterProvider was already set by other code; pass "
+            "Telemetry.meter_provider to RequestTracker(meter_provider=...) to use otel_llm's metrics "
+            "pipeline"
+        )
+    return True
+
+
+def _describe(to: str, signal: otlp.Signal, directory: Path | None) -> str:
+    if to == "otlp":
+        return f"OTLP {otlp.protocol(signal)}"
+    if to == "file" and directory is not None:
+        return str(directory / f"{signal}.jsonl")
+    return "nowhere"
