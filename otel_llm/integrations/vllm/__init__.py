@@ -1,0 +1,31 @@
+"""otel_llm for vLLM V1: a trace with queue / prefill / decode / preemption spans for every request.
+
+Switch it on in the process that runs vLLM's frontend (and, for request events, its engine core)::
+
+    from otel_llm.integrations.vllm import VLLMInstrumentor
+
+    VLLMInstrumentor().instrument(model="my-model")   # before the engine is built
+
+Installed with otel_llm, vLLM also loads it as a general plugin (entry point group
+``vllm.general_plugins``) in every vLLM process, and ``opentelemetry-instrument`` loads it through the
+``opentelemetry_instrumentor`` entry point. Spans and metrics go to the global OpenTelemetry providers
+unless ``tracer_provider=`` / ``meter_provider=`` or a ready ``tracker=`` are given.
+
+How it works: vLLM's engine core timestamps each request's QUEUED / SCHEDULED / PREEMPTED events and
+every batch of new tokens (``time.monotonic()`` seconds); the frontend's ``OutputProcessor`` receives them.
+The instrumentor wraps that processor and replays the events into a RequestTracker (see ``adapter``), so
+queue, prefill, decode and inference times equal vLLM's own ``FinishedRequestStats``. The module imports
+no vLLM code until ``instrument()`` runs.
+"""
+
+from __future__ import annotations
+
+from otel_llm.integrations.vllm.adapter import VLLMAdapter, finish_reason_name, wall_to_monotonic
+from otel_llm.integrations.vllm.instrumentor import VLLMInstrumentor
+
+__all__ = ["VLLMAdapter", "VLLMInstrumentor", "finish_reason_name", "register", "wall_to_monotonic"]
+
+
+def register() -> None:
+    """vLLM general-plugin entry point: instrument with the global OpenTelemetry providers."""
+    VLLMInstrumentor().instrument()

@@ -1,0 +1,190 @@
+"""The vLLM instrumentor in the development environment, where vLLM is not installed.
+
+vLLM cannot be installed here (it lives in its own virtualenv, see test_vllm_integration.py), so the
+"unknown vLLM version" cases use a stand-in ``vllm`` package written to a temporary folder: only module
+and class shapes, which is all the instrumentor looks at before it patches. The real vLLM is exercised
+by test_vllm_integration.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from otel_llm.integrations.vllm import VLLMInstrumentor
+from otel_llm.integrations.vllm import instrumentor as instrumentor_module
+
+LOGGER = instrumentor_module.__name__
+
+ENGINE_INIT = """
+import enum
+class EngineCoreEventType(enum.IntEnum):
+    QUEUED = 1
+    SCHEDULED = 2
+    PREEMPTED = 3
+"""
+OUTPUT_PROCESSOR = """
+class _Base:
+    def abort_requests(self, request_ids, internal):
+        for rid in request_ids:
+            self.request_states.pop(rid, None)
+        return list(request_ids)
+
+class OutputProcessor(_Base):
+    def __init__(self):
+        self.request_states = {}
+    def add_request(self, request, prompt=None):
+        self.request_states[request.request_id] = request
+    def process_outputs(self, engine_core_outputs, engine_core_timestamp=None, iteration_stats=None):
+        return "processed"
+"""
+SCHEDULER = """
+class Scheduler:
+    def __init__(self, vllm_config, log_stats=False):
+        self.log_stats = log_stats
+"""
+
+
+@pytest.fixture(autouse=True)
+def fresh_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr(instrumentor_module, "_warned", set())
+    yield
+    VLLMInstrumentor().uninstrument()
+    for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
+        del sys.modules[name]
+
+
+def stand_in_vllm(root: Path, monkeypatch: pytest.MonkeyPatch, engine: str, processor: str) -> None:
+    files = {
+        "vllm/__init__.py": "",
+        "vllm/v1/__init__.py": "",
+        "vllm/v1/engine/__init__.py": engine,
+        "vllm/v1/engine/output_processor.py": processor,
+        "vllm/v1/core/__init__.py": "",
+        "vllm/v1/core/sched/__init__.py": "",
+        "vllm/v1/core/sched/scheduler.py": SCHEDULER,
+    }
+    for relative, text in files.items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    monkeypatch.syspath_prepend(str(root))
+    importlib.invalidate_caches()
+
+
+def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno == logging.WARNING]
+
+
+def test_without_vllm_instrument_logs_once_and_does_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    spec = importlib.util.find_spec("vllm")  # this test folder itself may show up as a namespace package
+    if spec is not None and spec.origin is not None:
+        pytest.skip("vLLM is installed in this environment; this test needs it absent")
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    instrumentor = VLLMInstrumentor()
+    instrumentor.instrument()
+    instrumentor.instrument(model="m")
+    instrumentor.uninstrument()
+    assert not instrumentor.is_instrumented
+    (message,) = warnings_of(caplog)
+    assert "not installed" in message
+    assert "vllm" not in sys.modules
+
+
+def test_unknown_vllm_shape_logs_what_is_missing_and_patches_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    old_engine = ENGINE_INIT.replace("    PREEMPTED = 3\n", "")
+    old_processor = OUTPUT_PROCESSOR.replace("def process_outputs", "def process")
+    stand_in_vllm(tmp_path, monkeypatch, old_engine, old_processor)
+    from vllm.v1.engine.output_processor import OutputProcessor
+
+    before = dict(vars(OutputProcessor))
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    VLLMInstrumentor().instrument()
+    VLLMInstrumentor().instrument()
+    assert not VLLMInstrumentor().is_instrumented
+    assert dict(vars(OutputProcessor)) == before
+    (message,) = warnings_of(caplog)
+    assert "process_outputs" in message and "PREEMPTED" in message
+
+
+def test_uninstrument_restores_the_classes_exactly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    stand_in_vllm(tmp_path, monkeypatch, ENGINE_INIT, OUTPUT_PROCESSOR)
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.engine.output_processor import OutputProcessor
+
+    processor_before, scheduler_before = dict(vars(OutputProcessor)), dict(vars(Scheduler))
+    VLLMInstrumentor().instrument(tracker=_RaisingTracker())
+    assert VLLMInstrumentor().is_instrumented
+    for name in ("add_request", "process_outputs", "abort_requests"):
+        assert vars(OutputProcessor)[name] is not processor_before.get(name)
+    assert Scheduler(vllm_config=None).log_stats is True  # stats logging forced on
+    VLLMInstrumentor().uninstrument()
+    assert dict(vars(OutputProcessor)) == processor_before  # abort_requests (inherited) is gone again
+    assert dict(vars(Scheduler)) == scheduler_before
+    assert Scheduler(vllm_config=None).log_stats is False
+
+
+def test_telemetry_failure_never_reaches_vllm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    stand_in_vllm(tmp_path, monkeypatch, ENGINE_INIT, OUTPUT_PROCESSOR)
+    from vllm.v1.engine.output_processor import OutputProcessor
+
+    VLLMInstrumentor().instrument(tracker=_RaisingTracker())
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    processor = OutputProcessor()
+    request = _Request("r1")
+    processor.add_request(request)
+    event = _Event("QUEUED", 1.0)
+    output = _Output("r1", [7], [event])
+    for _ in range(3):
+        assert processor.process_outputs([output], 2.0, None) == "processed"
+    assert processor.abort_requests(["r1"], internal=True) == ["r1"]
+    assert len(warnings_of(caplog)) >= 1
+    assert len(set(warnings_of(caplog))) == len(warnings_of(caplog))  # each problem logged once
+
+
+class _RaisingTracker:
+    """A tracker whose every hook fails: stands in for any telemetry bug."""
+
+    def __getattr__(self, name: str):
+        def fail(*args, **kwargs):
+            raise RuntimeError(f"tracker.{name} broke")
+
+        return fail
+
+
+class _Request:
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = [1, 2, 3]
+        self.arrival_time = 0.0
+        self.trace_headers = None
+
+
+class _Kind:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class _Event:
+    def __init__(self, kind: str, timestamp: float) -> None:
+        self.type = _Kind(kind)
+        self.timestamp = timestamp
+
+
+class _Output:
+    def __init__(self, request_id: str, new_token_ids: list[int], events: list[_Event]) -> None:
+        self.request_id = request_id
+        self.new_token_ids = new_token_ids
+        self.events = events
+        self.finish_reason = None
+        self.error = None
