@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -44,6 +46,19 @@ DEFAULT_MAX_IN_FLIGHT = 65_536
 DEFAULT_MAX_AGE_S = 1800.0  # a request in flight for 30 minutes is leaked, not slow
 
 SpanHook = Callable[[Span, FinishedRequest], None]
+
+# A fork while another thread holds a tracker's lock would leave the child's copy locked forever; the
+# child gets fresh locks (its copy of the registry is only ever touched by its own threads).
+_LIVE_TRACKERS: weakref.WeakSet[RequestTracker] = weakref.WeakSet()
+
+
+def _renew_locks_after_fork() -> None:
+    for tracker in list(_LIVE_TRACKERS):
+        tracker._lock = tracker._itl._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_renew_locks_after_fork)
 
 _NO_STEP = object()  # "no previous tokens step": matches no request's last_token, not even None
 
@@ -111,6 +126,7 @@ class RequestTracker:
         self._tracer_provider = tracer_provider
         self._meter_provider = meter_provider
         self._lock = threading.Lock()
+        _LIVE_TRACKERS.add(self)
         self._inflight: dict[Any, Timeline] = {}
         self._states = [0, 0, 0]  # requests in flight by state: WAITING, RUNNING, PREEMPTED
         self._prev_step: Any = _NO_STEP  # timestamp of the previous tokens() call
