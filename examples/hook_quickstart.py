@@ -28,7 +28,7 @@ def main() -> None:
     while waiting or running:
         now = time.monotonic()  # one timestamp per step, shared by the whole batch
         admitted = []
-        while waiting and len(running) < KV_SLOTS:
+        while waiting and len(running) + len(admitted) < KV_SLOTS:
             admitted.append(waiting.pop(0))
         running += admitted
         if admitted:

@@ -1,0 +1,92 @@
+"""Replay the embedded default's OTLP JSON files into a collector over OTLP/HTTP.
+
+With no OTLP endpoint configured, otel_llm writes ./otel-llm-output/traces.jsonl and metrics.jsonl, one
+OTLP export request per line (OTLP/JSON: protobuf JSON with trace and span ids in hex). This script
+turns each line back into the protobuf request and POSTs it to the collector, which passes it on to
+Jaeger, Tempo and Prometheus as if it had just been exported:
+
+    docker compose -f collector-config/local/compose.yaml up -d
+    python examples/replay_files.py                     # or: python examples/replay_files.py DIR
+
+It posts to $OTEL_EXPORTER_OTLP_ENDPOINT/v1/traces and /v1/metrics (default http://localhost:4318, the
+collector's OTLP/HTTP port). Spans keep their original timestamps: search Jaeger at the time they ran.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import json_format
+from google.protobuf.message import Message
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+SIGNALS: dict[str, type[Message]] = {
+    "traces": ExportTraceServiceRequest,
+    "metrics": ExportMetricsServiceRequest,
+}
+ID_FIELDS = {"traceId", "spanId", "parentSpanId"}  # hex in OTLP/JSON, base64 in protobuf's JSON mapping
+
+
+def hex_ids_to_base64(node: Any) -> Any:
+    """The one difference between OTLP/JSON and the protobuf JSON mapping, undone in place."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in ID_FIELDS and isinstance(value, str):
+                node[key] = base64.b64encode(bytes.fromhex(value)).decode()
+            else:
+                hex_ids_to_base64(value)
+    elif isinstance(node, list):
+        for item in node:
+            hex_ids_to_base64(item)
+    return node
+
+
+def replay(path: Path, message_type: type[Message], url: str) -> tuple[int, int]:
+    """POST every line of ``path`` to ``url``; return how many requests were accepted and refused."""
+    sent = failed = 0
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        request = json_format.Parse(json.dumps(hex_ids_to_base64(json.loads(line))), message_type())
+        post = urllib.request.Request(
+            url, data=request.SerializeToString(), headers={"Content-Type": "application/x-protobuf"}
+        )
+        try:
+            with urllib.request.urlopen(post, timeout=10):
+                sent += 1
+        except OSError as exc:
+            failed += 1
+            print(f"{path}:{number}: {url} refused it: {exc}", file=sys.stderr)
+    return sent, failed
+
+
+def main() -> int:
+    directory = Path(
+        sys.argv[1] if len(sys.argv) > 1 else os.environ.get("OTEL_LLM_OUTPUT_DIR", "otel-llm-output")
+    )
+    endpoint = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4318").rstrip("/")
+    found, failures = False, 0
+    for signal, message_type in SIGNALS.items():
+        path = directory / f"{signal}.jsonl"
+        if path.exists():
+            found = True
+            sent, failed = replay(path, message_type, f"{endpoint}/v1/{signal}")
+            failures += failed
+            print(f"{path}: {sent} export requests sent to {endpoint}/v1/{signal}")
+    if not found:
+        print(
+            f"no traces.jsonl or metrics.jsonl in {directory}; run something that uses otel_llm first",
+            file=sys.stderr,
+        )
+    return 0 if found and not failures else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

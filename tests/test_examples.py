@@ -1,0 +1,147 @@
+"""Every script in examples/ runs as written (in smoke mode, in a fresh directory) and delivers what it
+promises: spans in files, or spans and metrics at a real loopback OTLP receiver."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from otel_llm import semconv as sc
+from tests.otlp_receivers import GrpcReceiver, HttpReceiver, attributes
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+SCRIPTS = sorted(p.name for p in EXAMPLES.glob("*.py"))
+TIMEOUT_S = 120
+
+
+def run(script: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OPENAI_"))}
+    clean.update(OTEL_LLM_EXAMPLE_SMOKE="1", OTEL_LLM_SHUTDOWN_TIMEOUT="5", **env)
+    clean["PYTHONPATH"] = os.pathsep.join(filter(None, [str(EXAMPLES.parent), clean.get("PYTHONPATH")]))
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / script)],
+        cwd=cwd,
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert done.returncode == 0, f"{script} failed:\n{done.stdout}\n{done.stderr}"
+    return done
+
+
+def file_spans(directory: Path) -> list[dict]:
+    lines = (directory / "traces.jsonl").read_text().splitlines()
+    return [
+        span
+        for line in lines
+        for rs in json.loads(line)["resourceSpans"]
+        for ss in rs["scopeSpans"]
+        for span in ss["spans"]
+    ]
+
+
+def received_names(receiver) -> list[str]:
+    return [span.name for _, span in receiver.collected.spans()]
+
+
+def check_hook_quickstart(tmp_path: Path) -> None:
+    run("hook_quickstart.py", tmp_path)
+    names = [s["name"] for s in file_spans(tmp_path / "otel-llm-output")]
+    assert names.count(sc.SPAN_REQUEST) == 5  # the script's docstring: five requests, one preemption
+    assert names.count(sc.SPAN_PREEMPTED) == 1
+    assert (tmp_path / "otel-llm-output" / "metrics.jsonl").stat().st_size > 0
+
+
+def check_engine_otlp(tmp_path: Path) -> None:
+    with GrpcReceiver() as receiver:
+        out = run(
+            "engine_otlp.py",
+            tmp_path,
+            OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
+            OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
+        )
+        requests = int(out.stdout.split(" requests")[0].split()[-1])
+        preemptions = int(out.stdout.split(" preemptions")[0].split()[-1])
+        assert receiver.collected.wait_until(
+            lambda c: received_names(receiver).count(sc.SPAN_REQUEST) == requests
+        )
+        assert received_names(receiver).count(sc.SPAN_PREEMPTED) == preemptions
+        assert receiver.collected.metrics(sc.METRIC_TTFT)
+    assert not (tmp_path / "otel-llm-output").exists()  # it went over the wire, not to files
+
+
+def check_server_openai_client(tmp_path: Path) -> None:
+    with HttpReceiver() as receiver:
+        out = run("server_openai_client.py", tmp_path, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint)
+        printed_trace = out.stdout.split("trace id ")[1].split()[0]
+        spans = receiver.collected.spans
+        assert receiver.collected.wait_until(
+            lambda c: len([s for _, s in spans() if s.name == sc.SPAN_REQUEST]) == 2 and len(spans()) > 2
+        )
+        (caller,) = [
+            s for r, s in spans() if attributes(r.attributes)["service.name"] == "openai-client-example"
+        ]
+        roots = [(r, s) for r, s in spans() if s.name == sc.SPAN_REQUEST]
+        assert caller.trace_id.hex() == printed_trace
+        for resource, root in roots:  # one plain, one streamed call: both children of the client's span
+            assert attributes(resource.attributes)["service.name"] == "otel-llm-serve"
+            assert root.trace_id == caller.trace_id and root.parent_span_id == caller.span_id
+    assert f"x-trace-id: {printed_trace}" in out.stdout
+
+
+def check_replay_files(tmp_path: Path) -> None:
+    run("hook_quickstart.py", tmp_path)  # something to replay
+    written = file_spans(tmp_path / "otel-llm-output")
+    with HttpReceiver() as receiver:
+        run("replay_files.py", tmp_path, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint)
+        got = receiver.collected.spans()
+        assert sorted((s.trace_id.hex(), s.span_id.hex(), s.name) for _, s in got) == sorted(
+            (s["traceId"], s["spanId"], s["name"]) for s in written
+        )
+        assert {r.path for r in receiver.collected.received()} == {"/v1/traces", "/v1/metrics"}
+        assert receiver.collected.metrics(sc.METRIC_TTFT)
+
+
+def check_any(script: str) -> Callable[[Path], None]:
+    """An example without its own check must at least deliver request spans to a collector."""
+
+    def check(tmp_path: Path) -> None:
+        with GrpcReceiver() as receiver:
+            run(
+                script,
+                tmp_path,
+                OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
+                OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
+            )
+            assert receiver.collected.wait_until(lambda c: sc.SPAN_REQUEST in received_names(receiver))
+
+    return check
+
+
+CHECKS: dict[str, Callable[[Path], None]] = {
+    "hook_quickstart.py": check_hook_quickstart,
+    "engine_otlp.py": check_engine_otlp,
+    "server_openai_client.py": check_server_openai_client,
+    "replay_files.py": check_replay_files,
+}
+
+
+def test_the_examples_we_promise_exist() -> None:
+    assert set(CHECKS) <= set(SCRIPTS)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_example_runs_and_delivers(script: str, tmp_path: Path) -> None:
+    if script != "hook_quickstart.py":
+        pytest.importorskip("torch", reason="the reference engine needs the torch extra")
+    if script == "server_openai_client.py":
+        pytest.importorskip("openai", reason="the example's client")
+        pytest.importorskip("fastapi", reason="the server needs the serve extra")
+    CHECKS.get(script, check_any(script))(tmp_path)
