@@ -40,6 +40,7 @@ LLM_OUTPUT_TOKENS = "llm.output_tokens"
 LLM_FINISH_REASON = "llm.finish_reason"
 LLM_REQUEST_STATE = "llm.request.state"
 LLM_ANOMALY_KIND = "kind"
+EXPORT_DROP_REASON = "reason"  # on the otel_llm.export.*.dropped self-metrics
 
 LLM_LATENCY_QUEUE = "llm.latency.queue"
 LLM_LATENCY_PREFILL = "llm.latency.prefill"

@@ -37,9 +37,15 @@ from opentelemetry.sdk.metrics.export import MetricExporter, PeriodicExportingMe
 from opentelemetry.sdk.metrics.view import View
 from opentelemetry.sdk.resources import SERVICE_NAME, OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.export import SpanExporter
 
 from otel_llm.export import otlp
+from otel_llm.export.counting import (
+    CountingBatchSpanProcessor,
+    CountingMetricExporter,
+    DropCounter,
+    register_self_metrics,
+)
 from otel_llm.export.otlp_json import OtlpJsonMetricExporter, OtlpJsonSpanExporter
 from otel_llm.export.preaggregated import PreAggregatedMetricExporter
 from otel_llm.export.telemetry import Telemetry
@@ -125,16 +131,21 @@ def _build(
     directory = _output_dir(output_dir) if "file" in (traces_to, metrics_to) else None
     resource = _resource(service_name, resource_attributes)
 
+    # Every span or metric point the pipeline loses is counted here and exported as a self-metric.
+    drops = DropCounter()
     span_exporter = _span_exporter(traces_to, directory)
     tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+    processor = None
     if span_exporter is not None:
-        tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
+        processor = CountingBatchSpanProcessor(span_exporter, drops)
+        tracer_provider.add_span_processor(processor)
 
-    metric_exporter = _metric_exporter(metrics_to, directory)
+    metric_exporter = _metric_exporter(metrics_to, directory, drops)
     readers = [PeriodicExportingMetricReader(metric_exporter)] if metric_exporter is not None else []
     meter_provider = MeterProvider(
         resource=resource, metric_readers=readers, views=list(views), shutdown_on_exit=False
     )
+    register_self_metrics(meter_provider, drops, processor.queue_depth if processor is not None else None)
     _logger.info(
         "otel_llm: traces -> %s, metrics -> %s",
         _describe(traces_to, "traces", directory),
@@ -146,6 +157,7 @@ def _build(
         exporters=[e for e in (span_exporter, metric_exporter) if e is not None],
         output_dir=directory,
         shutdown_timeout_s=timeout_s,
+        drops=drops,
     )
 
 
@@ -157,7 +169,7 @@ def _span_exporter(to: str, directory: Path | None) -> SpanExporter | None:
     return None
 
 
-def _metric_exporter(to: str, directory: Path | None) -> MetricExporter | None:
+def _metric_exporter(to: str, directory: Path | None, drops: DropCounter) -> MetricExporter | None:
     inner: MetricExporter
     if to == "otlp":
         inner = otlp.otlp_metric_exporter(otlp.protocol("metrics"))
@@ -165,8 +177,9 @@ def _metric_exporter(to: str, directory: Path | None) -> MetricExporter | None:
         inner = OtlpJsonMetricExporter(directory)
     else:
         return None
-    # Merges otel_llm's own pre-aggregated histograms (inter-token latency) into every export.
-    return PreAggregatedMetricExporter(inner)
+    # Merges otel_llm's own pre-aggregated histograms (inter-token latency) into every export; the
+    # counting wrapper sits inside it so those points are counted too when an export fails.
+    return PreAggregatedMetricExporter(CountingMetricExporter(inner, drops))
 
 
 def _resource(service_name: str | None, extra: Mapping[str, Any] | None) -> Resource:

@@ -21,6 +21,8 @@ from typing import Any
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 
+from otel_llm.export.counting import DropCounter
+
 _logger = logging.getLogger(__name__)
 
 # How long the exporters get, after the deadline, to notice they were told to stop.
@@ -57,6 +59,8 @@ class Telemetry:
         meter_provider: pass it to ``RequestTracker(meter_provider=...)``.
         output_dir: the directory of the OTLP-JSON files, or None when no signal goes to files.
         shutdown_timeout_s: the default bound, in seconds, of ``force_flush`` and ``shutdown``.
+        drops: what the export pipeline lost so far, by signal and reason (also exported as the
+            ``otel_llm.export.*.dropped`` self-metrics), e.g. ``drops.by_reason("spans")``.
     """
 
     def __init__(
@@ -67,11 +71,13 @@ class Telemetry:
         exporters: Sequence[Any] = (),
         output_dir: Any = None,
         shutdown_timeout_s: float = 5.0,
+        drops: DropCounter | None = None,
     ) -> None:
         self.tracer_provider = tracer_provider
         self.meter_provider = meter_provider
         self.output_dir = output_dir
         self.shutdown_timeout_s = shutdown_timeout_s
+        self.drops = drops if drops is not None else DropCounter()
         self._exporters = list(exporters)
         self._lock = threading.Lock()
         self._shutdown_result: bool | None = None
