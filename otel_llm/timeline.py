@@ -31,12 +31,28 @@ class Preemption:
         self.recomputed: float | None = None  # T_k, None until a token follows R_k
 
 
+class Step:
+    """One tokens() call: its timestamp (monotonic seconds) and its index in the tracker's sequence of calls.
+
+    Requests that produce a token in consecutive steps only swap which Step they point at; their token
+    count is derived from the index difference, so the per-request work of a step is one attribute write.
+    """
+
+    __slots__ = ("index", "ts")
+
+    def __init__(self, ts: float, index: int) -> None:
+        self.ts = ts
+        self.index = index
+
+
 class Timeline:
     """The events of one in-flight request.
 
-    ``last_token`` is the timestamp of the latest tokens event while the request runs uninterrupted;
-    a preemption moves it into the Preemption record and sets it to None, so the tracker's fast path
-    (``last_token is previous step's timestamp``) only ever matches a request that is still running.
+    ``step`` is the Step of the latest tokens event while the request runs uninterrupted (None before its
+    first token and while preempted); ``last_token`` and ``output_tokens`` are derived from it and
+    ``token_base``, so the tracker's fast path (``step is the previous Step``) only moves ``step``. A
+    preemption settles the count into ``token_base`` and clears ``step``, so that fast path only ever
+    matches a request that is still running.
     """
 
     __slots__ = (
@@ -45,8 +61,6 @@ class Timeline:
         "first_scheduled",
         "first_token",
         "last_event",
-        "last_token",
-        "output_tokens",
         "parent",
         "preemptions",
         "prompt_tokens",
@@ -54,6 +68,8 @@ class Timeline:
         "request_id",
         "span_id",
         "state",
+        "step",
+        "token_base",
         "trace_id",
     )
 
@@ -79,10 +95,21 @@ class Timeline:
         self.state = WAITING
         self.first_scheduled: float | None = None  # S1
         self.first_token: float | None = None  # F
-        self.last_token: float | None = None  # latest tokens event, None while preempted
+        self.step: Step | None = None  # latest tokens event of the current run, None while preempted
         self.last_event = queued  # for clamping out-of-order timestamps
-        self.output_tokens = 0
+        self.token_base = 0  # output tokens = token_base + step.index (+ 0 while step is None)
         self.preemptions: list[Preemption] = []
+
+    @property
+    def last_token(self) -> float | None:
+        """The latest tokens event of the current run (monotonic seconds); None while preempted."""
+        step = self.step
+        return None if step is None else step.ts
+
+    @property
+    def output_tokens(self) -> int:
+        step = self.step
+        return self.token_base if step is None else self.token_base + step.index
 
     def latest_token(self) -> float | None:
         """L so far: the latest tokens event, also while the request is preempted."""

@@ -34,7 +34,7 @@ from otel_llm.identity import new_span_id, new_trace_id, parent_context, parent_
 from otel_llm.intervals import Intervals
 from otel_llm.metrics import RequestMetrics
 from otel_llm.spans import SpanBuilder, error_type
-from otel_llm.timeline import PREEMPTED, RUNNING, WAITING, FinishedRequest, Preemption, Timeline
+from otel_llm.timeline import PREEMPTED, RUNNING, WAITING, FinishedRequest, Preemption, Step, Timeline
 
 _log = logging.getLogger("otel_llm")
 _monotonic = time.monotonic
@@ -60,15 +60,29 @@ def _renew_locks_after_fork() -> None:
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_renew_locks_after_fork)
 
-_NO_STEP = object()  # "no previous tokens step": matches no request's last_token, not even None
+_NO_STEP = Step(-_INF, -1)  # "no previous tokens step": no request's step is this one, not even None
 
 
 def _check_ids(request_ids: Any) -> None:
+    if request_ids.__class__ is list or request_ids.__class__ is tuple:
+        return  # the common case, without the cost of an ABC isinstance check
     if isinstance(request_ids, (str, bytes)) or not isinstance(request_ids, Iterable):
         raise TypeError(
             f"request_ids must be a sequence of request ids (e.g. [{request_ids!r}]), "
             f"got {type(request_ids).__name__}"
         )
+
+
+def _batch_off(request_ids: Sequence[Any], ts: float | None = None) -> None:
+    """scheduled/preempted of a tracker whose providers are both no-op."""
+    _check_ids(request_ids)
+
+
+def _tokens_off(
+    request_ids: Sequence[Any], ts: float | None = None, counts: Sequence[int] | None = None
+) -> None:
+    """tokens of a tracker whose providers are both no-op."""
+    _check_ids(request_ids)
 
 
 class RequestTracker:
@@ -129,7 +143,7 @@ class RequestTracker:
         _LIVE_TRACKERS.add(self)
         self._inflight: dict[Any, Timeline] = {}
         self._states = [0, 0, 0]  # requests in flight by state: WAITING, RUNNING, PREEMPTED
-        self._prev_step: Any = _NO_STEP  # timestamp of the previous tokens() call
+        self._prev_step = _NO_STEP  # the previous tokens() call
         self._anomalies = an.AnomalyCounter()
         self._evicted = 0
         self._itl = BucketHistogram(sc.BUCKETS_ITL, base, self._lock)
@@ -162,6 +176,13 @@ class RequestTracker:
             lambda: [(self._evicted, {})],
             counter=True,
         )
+        if isinstance(tracer_provider, trace.NoOpTracerProvider) and isinstance(
+            meter_provider, metrics.NoOpMeterProvider
+        ):
+            # Telemetry is off for good: no span or metric can ever show what the batch hooks record, so
+            # they only check their arguments; queued/finished/traceparent still work (propagation).
+            self.scheduled = self.preempted = _batch_off  # type: ignore[method-assign]
+            self.tokens = _tokens_off  # type: ignore[method-assign]
 
     # --- the hook -------------------------------------------------------------------------------
 
@@ -229,23 +250,26 @@ class RequestTracker:
     ) -> None:
         """One engine step produced output tokens for these requests (1 each, or ``counts``)."""
         _check_ids(request_ids)
+        if request_ids.__class__ is not list and request_ids.__class__ is not tuple:
+            request_ids = list(request_ids)  # counted below with len()
         ts = self._timestamp(ts)
         with self._lock:
             prev = self._prev_step
-            if prev is not _NO_STEP and ts < prev:
+            if ts < prev.ts:
                 prev = _NO_STEP  # a step out of order: every request takes the checked path
-            self._prev_step = ts
+            step = self._prev_step = Step(ts, self._prev_step.index + 1)
             get = self._inflight.get
-            shared = 0  # requests whose previous token came in the previous step: they share one gap
+            # Requests whose previous token came in the previous step share one gap; only the others are
+            # counted, so the common case costs a lookup, an identity check and one write per request.
+            checked = 0
             if counts is None:
                 for rid in request_ids:
                     tl = get(rid)
-                    if tl is not None and tl.last_token is prev:
-                        tl.last_token = ts
-                        tl.output_tokens += 1
-                        shared += 1
+                    if tl is not None and tl.step is prev:
+                        tl.step = step
                     else:
-                        self._tokens_checked(rid, tl, ts, 1)
+                        checked += 1
+                        self._tokens_checked(rid, tl, step, 1)
             else:
                 if isinstance(counts, (str, bytes)) or not isinstance(counts, Sequence):
                     raise TypeError(
@@ -255,14 +279,15 @@ class RequestTracker:
                     raise ValueError(f"counts has {len(counts)} entries for {len(request_ids)} request ids")
                 for rid, n in zip(request_ids, counts):
                     tl = get(rid)
-                    if tl is not None and tl.last_token is prev and n.__class__ is int and n > 0:
-                        tl.last_token = ts
-                        tl.output_tokens += n
-                        shared += 1
+                    if tl is not None and tl.step is prev and n.__class__ is int and n > 0:
+                        tl.step = step
+                        tl.token_base += n - 1  # moving to the next step counts one
                     else:
-                        self._tokens_checked(rid, tl, ts, n)
+                        checked += 1
+                        self._tokens_checked(rid, tl, step, n)
+            shared = len(request_ids) - checked
             if shared:
-                self._itl.add(ts - prev, shared)
+                self._itl.add(ts - prev.ts, shared)
 
     def preempted(self, request_ids: Sequence[Any], ts: float | None = None) -> None:
         """The KV cache of these running requests was evicted (P_k); they wait to be recomputed."""
@@ -280,7 +305,8 @@ class RequestTracker:
                     continue
                 at = self._clamp(tl, ts)
                 tl.preemptions.append(Preemption(at, tl.output_tokens, tl.latest_token()))
-                tl.last_token = None
+                tl.token_base = tl.output_tokens
+                tl.step = None
                 tl.last_event = at
                 tl.state = PREEMPTED
                 self._states[RUNNING] -= 1
@@ -390,7 +416,7 @@ class RequestTracker:
         tl.state = RUNNING
         tl.last_event = ts
 
-    def _tokens_checked(self, rid: Any, tl: Timeline | None, ts: float, n: Any) -> None:
+    def _tokens_checked(self, rid: Any, tl: Timeline | None, step: Step, n: Any) -> None:
         """A tokens event that is not the plain continuation of the previous step."""
         if tl is None:
             self._anomalies.note(an.UNKNOWN_REQUEST, rid)
@@ -398,7 +424,9 @@ class RequestTracker:
         if n.__class__ is not int or n <= 0:
             self._anomalies.note(an.BAD_TOKEN_COUNT, rid)
             return
-        ts = self._clamp(tl, ts)
+        ts = self._clamp(tl, step.ts)
+        if ts != step.ts:
+            step = Step(ts, step.index)  # this request's own step: the next one takes this path again
         if tl.state != RUNNING:
             self._anomalies.note(an.TOKENS_BEFORE_SCHEDULED, rid)
             self._schedule(tl, ts)
@@ -410,9 +438,10 @@ class RequestTracker:
             last = tl.preemptions[-1]
             if last.rescheduled is not None and last.recomputed is None:
                 last.recomputed = ts  # T_k
-        tl.last_token = ts
+        tokens = tl.output_tokens + n
+        tl.step = step
+        tl.token_base = tokens - step.index
         tl.last_event = ts
-        tl.output_tokens += n
 
     def _due_evictions(self, now: float, incoming: int) -> list[FinishedRequest]:
         """Pop requests past max_age_s, and the oldest while over max_in_flight (insertion order)."""
