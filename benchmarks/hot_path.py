@@ -1,0 +1,120 @@
+"""Section 1: the hook's cost per request-token in a decode loop.
+
+Each round queues a fresh batch, schedules it, then runs ``steps`` engine steps in which every request
+produces one token; every ``PREEMPT_EVERY`` steps one request is preempted after its token and
+rescheduled before the next step's tokens (vLLM's recompute preemption). Only the step loop is timed;
+queueing and finishing (span building) happen outside it. Cost = loop time / (steps x batch).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+from opentelemetry import metrics, trace
+
+from benchmarks.peers import BareLimit, NaiveOtel, VllmProm
+from benchmarks.providers import discarding_providers
+from benchmarks.report import Measure
+from benchmarks.timing import Round, compare, perf_ns
+from otel_llm import RequestTracker
+
+PREEMPT_EVERY = 16  # one preemption per 16 steps across the batch: occasional, as in a loaded server
+_round_ids = itertools.count()
+
+
+def decode_round(hook: Any, batch: int, steps: int) -> Round:
+    """One timed round of the decode loop over ``hook`` (anything with the five-call hook)."""
+
+    def run() -> tuple[int, int]:
+        tag = next(_round_ids)
+        ids = [f"req-{tag}-{i}" for i in range(batch)]
+        for rid in ids:
+            hook.queued(rid)
+        hook.scheduled(ids)
+        scheduled, tokens, preempted = hook.scheduled, hook.tokens, hook.preempted
+        victim: list[str] = []
+        start = perf_ns()
+        for step in range(steps):
+            if victim:
+                scheduled(victim)
+            tokens(ids)
+            if step % PREEMPT_EVERY == PREEMPT_EVERY - 1:
+                victim = [ids[step % batch]]
+                preempted(victim)
+            else:
+                victim = []
+        elapsed = perf_ns() - start
+        if victim:
+            scheduled(victim)
+        for rid in ids:
+            hook.finished(rid)
+        return elapsed, steps * batch
+
+    return run
+
+
+def hooks() -> tuple[dict[str, Callable[[], Any]], Callable[[], None]]:
+    """Factories of every variant, and a cleanup for the providers they share."""
+    ours = discarding_providers()
+    naive = discarding_providers()
+    made = {
+        "ours": lambda: RequestTracker(
+            tracer_provider=ours.tracer_provider, meter_provider=ours.meter_provider, model="bench-model"
+        ),
+        "ours, no-op providers": lambda: RequestTracker(
+            tracer_provider=trace.NoOpTracerProvider(),
+            meter_provider=metrics.NoOpMeterProvider(),
+            model="bench-model",
+        ),
+        "bare limit": BareLimit,
+        "vLLM way (prometheus_client)": VllmProm,
+        "naive OpenTelemetry": lambda: NaiveOtel(naive.tracer_provider, naive.meter_provider),
+    }
+
+    def close() -> None:
+        ours.shutdown()
+        naive.shutdown()
+
+    return made, close
+
+
+def run(quick: bool, rounds: int) -> list[Measure]:
+    batches = (1, 64, 256)
+    tokens_per_round = 2_000 if quick else 40_000
+    factories, close = hooks()
+    out: list[Measure] = []
+    try:
+        for batch in batches:
+            steps = max(PREEMPT_EVERY * 2, tokens_per_round // batch)
+            variants = {name: decode_round(make(), batch, steps) for name, make in factories.items()}
+            t = compare(variants, rounds)
+            label = f"hook cost per request-token, batch {batch}"
+            ours = t["ours"].median_ns
+            out.append(
+                Measure(
+                    "hook",
+                    label,
+                    "ns",
+                    ours,
+                    {
+                        name: t[name].median_ns
+                        for name in ("bare limit", "vLLM way (prometheus_client)", "naive OpenTelemetry")
+                    },
+                    spread=(t["ours"].low_ns, t["ours"].high_ns),
+                )
+            )
+            out.append(
+                Measure(
+                    "hook",
+                    f"hook cost per request-token with no-op providers, batch {batch}",
+                    "ns",
+                    t["ours, no-op providers"].median_ns,
+                    {"bare limit": t["bare limit"].median_ns},
+                    spread=(t["ours, no-op providers"].low_ns, t["ours, no-op providers"].high_ns),
+                )
+            )
+    finally:
+        close()
+    return out

@@ -1,0 +1,58 @@
+"""The benchmark harness's quick mode still runs end to end and reports every section.
+
+Runs ``python -m benchmarks --quick`` in a subprocess (it starts its own OTLP receiver process and the
+reference engine) and checks the report's structure and that every number is finite and of the right
+sign. No timing is asserted: quick-mode numbers are meaningless by design.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks.report import SECTIONS
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGETS = 10  # the issue's targets as rows of the targets table (memory twice: short and 4k requests)
+
+
+def test_quick_mode_reports_every_section_with_finite_numbers(tmp_path: Path) -> None:
+    report, data = tmp_path / "bench.md", tmp_path / "bench.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "--output", str(report), "--json", str(data)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    text = report.read_text(encoding="utf-8")
+    for title in SECTIONS.values():
+        assert f"### {title}" in text, f"section missing: {title}"
+    assert "## Machine" in text and "- CPU: " in text and "- Python: " in text
+    rows = text.split("## Targets", 1)[1].strip().splitlines()
+    verdicts = [r for r in rows if r.startswith("| ") and ("**met**" in r or "**missed**" in r)]
+    assert len(verdicts) == TARGETS, "\n".join(rows)
+    assert "/work" not in text and str(ROOT) not in text  # no machine paths in a report meant to be committed
+
+    measures = json.loads(data.read_text(encoding="utf-8"))
+    assert {m["section"] for m in measures} == set(SECTIONS)
+    for m in measures:
+        values = [m["ours"], *m["peers"].values()]
+        assert all(math.isfinite(v) for v in values), m
+        if m["unit"] == "fraction":
+            assert -1 < m["ours"] <= 1, m  # steps lost may be slightly negative from noise
+        else:
+            assert all(v > 0 for v in values), m
+    by_name = {m["name"]: m for m in measures}
+    for batch in (1, 64, 256):
+        hook = by_name[f"hook cost per request-token, batch {batch}"]
+        assert set(hook["peers"]) == {"bare limit", "vLLM way (prometheus_client)", "naive OpenTelemetry"}
+    itl = by_name["inter-token latency samples in the exported histogram"]
+    assert itl["note"] == "bucket counts identical", itl
+    e2e = by_name["fraction of spans dropped"]
+    assert 0 <= e2e["ours"] <= 1
