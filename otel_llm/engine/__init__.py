@@ -15,7 +15,7 @@ Needs the ``torch`` extra. The core of otel_llm never imports this package.
 
 from __future__ import annotations
 
-from otel_llm.engine.async_engine import AsyncLLMEngine
+from otel_llm.engine.async_engine import AsyncLLMEngine, RequestStream
 from otel_llm.engine.config import EngineConfig, ModelConfig
 from otel_llm.engine.engine import LLMEngine, RequestOutput
 from otel_llm.engine.telemetry import (
@@ -43,4 +43,5 @@ __all__ = [
     "LLMEngine",
     "ModelConfig",
     "RequestOutput",
+    "RequestStream",
 ]

@@ -1,29 +1,31 @@
 """The OpenAI-compatible HTTP API around the reference engine.
 
-One ``AsyncLLMEngine`` steps the engine in a background task; each handler submits its request and
-awaits that request's tokens. The caller's W3C ``traceparent`` / ``tracestate`` headers become the
-request's trace context, so ``llm.request`` joins the caller's trace, and every answer carries the
-request's ids back: ``x-request-id`` (the engine's id), ``x-trace-id`` (paste it into Jaeger or Tempo)
-and ``traceparent`` (of the ``llm.request`` span).
+One ``AsyncLLMEngine`` steps the engine in a background task; each handler submits its request, gets
+its ``RequestStream`` once the engine has queued it, and reads that request's outputs. The caller's W3C
+``traceparent`` / ``tracestate`` headers become the request's trace context, so ``llm.request`` joins
+the caller's trace, and every answer carries the request's ids back: ``x-request-id`` (the engine's
+id), ``x-trace-id`` (paste it into Jaeger or Tempo) and ``traceparent`` (of the ``llm.request`` span).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
+from otel_llm import semconv as sc
 from otel_llm.engine import AsyncLLMEngine, LLMEngine
+from otel_llm.engine.async_engine import RequestStream
 from otel_llm.server import errors, protocol
 from otel_llm.server.streaming import DONE, ClientGone, EventStream, sse, unless_disconnected
-from otel_llm.server.watch import RequestWatch, Watched
 
 TRACE_HEADERS = ("traceparent", "tracestate")  # W3C Trace Context, read from the caller
 HEADER_REQUEST_ID = "x-request-id"
@@ -36,8 +38,8 @@ def create_app(
 ) -> FastAPI:
     """A FastAPI app serving ``engine`` under the model name ``model``.
 
-    The engine's tracker (if any) is wrapped in a ``RequestWatch``; the app owns the engine from now on
-    and stops its step loop on shutdown, then calls ``on_shutdown`` (e.g. to flush telemetry: uvicorn
+    The engine reports to its own tracker (if any), unchanged; the app owns the engine from now on and
+    stops its step loop on shutdown, then calls ``on_shutdown`` (e.g. to flush telemetry: uvicorn
     ends the process right after a SIGTERM shutdown, so code after ``uvicorn.run()`` may never run).
     """
     server = _Server(engine, model)
@@ -81,14 +83,12 @@ def create_app(
 
 class _Server:
     def __init__(self, engine: LLMEngine, model: str) -> None:
-        if not isinstance(engine.tracker, RequestWatch):
-            engine.tracker = RequestWatch(engine.tracker)
-        self.watch: RequestWatch = engine.tracker
         self.engine = AsyncLLMEngine(engine)
         self.model = model
         self.created = int(time.time())
 
     async def answer(self, request: Request, kind: type[protocol._Common], chat: bool) -> Response:
+        arrival_ts = time.monotonic()  # the request's queue time starts here, before the body is read
         body = self._parse(await request.body(), kind)
         prompt, max_tokens = body.engine_prompt(), body.output_limit()
         try:
@@ -97,15 +97,35 @@ class _Server:
             param = "max_tokens" if "max_tokens" in str(exc) else ("messages" if chat else "prompt")
             raise errors.ApiError(400, str(exc), param=param) from None
         carrier = {name: request.headers[name] for name in TRACE_HEADERS if name in request.headers}
-        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        gen = _Generation(self, rid, body, chat, len(token_ids))
-        gen.start(token_ids, max_tokens, carrier)
+        submit = functools.partial(
+            self.engine.submit,
+            token_ids,
+            max_tokens,
+            request_id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+            carrier=carrier or None,
+            stop_token_ids=body.stop_token_ids(),
+            arrival_ts=arrival_ts,
+        )
         if body.stream:
-            return await gen.event_stream()
+            # Headers go out first: the request is queued, so its id and trace context exist by now.
+            gen = _Generation(self, body, chat, len(token_ids), await _queued(submit()))
+            return EventStream(gen.events(), gen.headers(), on_close=gen.outputs.aclose)
         try:
-            return await unless_disconnected(request, gen.whole())
+            return await unless_disconnected(request, self._whole(submit, body, chat, len(token_ids)))
         except ClientGone:
             return Response(status_code=CLIENT_CLOSED)
+
+    async def _whole(
+        self,
+        submit: Callable[[], Awaitable[RequestStream]],
+        body: protocol._Common,
+        chat: bool,
+        prompt_tokens: int,
+    ) -> JSONResponse:
+        # Submitted inside the work that a hang-up cancels: a request still waiting to be queued then
+        # never reaches the engine, and one already queued is aborted.
+        gen = _Generation(self, body, chat, prompt_tokens, await _queued(submit()))
+        return await gen.whole()
 
     def _parse(self, raw: bytes, kind: type[protocol._Common]) -> protocol._Common:
         data = errors.parse_json(raw)
@@ -127,102 +147,71 @@ class _Server:
 
 
 class _Generation:
-    """One request's way through the engine, from submission to its last token."""
+    """One request's answer, built from the engine's outputs for it."""
 
     def __init__(
-        self, server: _Server, rid: str, body: protocol._Common, chat: bool, prompt_tokens: int
+        self, server: _Server, body: protocol._Common, chat: bool, prompt_tokens: int, outputs: RequestStream
     ) -> None:
-        self.server, self.rid, self.body, self.chat = server, rid, body, chat
+        self.server, self.body, self.chat = server, body, chat
         self.prompt_tokens = prompt_tokens
-        self.stops = {chr(t) for t in body.stop_token_ids()}
-        self.watched: Watched = server.watch.watch(rid)
-
-    def start(self, token_ids: list[int], max_tokens: int, carrier: dict[str, str]) -> None:
-        self.texts = self.server.engine.stream(
-            token_ids,
-            max_tokens,
-            request_id=self.rid,
-            carrier=carrier or None,
-            stop_token_ids=self.body.stop_token_ids(),
-        )
-        # Pulling the first piece submits the request; the step loop then queues it in the engine.
-        self.first: asyncio.Future[str] = asyncio.ensure_future(anext(self.texts))
-        self._pieces = self.pieces()
+        self.outputs = outputs
+        self.rid = outputs.request_id
 
     async def pieces(self) -> AsyncGenerator[str, None]:
-        """The generated text, piece by piece, without the stop character that ended it."""
-        try:
-            piece = await self.first
-        except StopAsyncIteration:
-            return
-        yield self._strip(piece)
-        async for piece in self.texts:
-            yield self._strip(piece)
-
-    def _strip(self, piece: str) -> str:
-        # Generation ends at the first stop token, so a piece ending in one is the last piece.
-        return piece[:-1] if piece and piece[-1] in self.stops else piece
+        """The generated text, piece by piece, without the stop token that ended it."""
+        decoder = self.server.engine.engine.tokenizer.stream_decoder()
+        async for out in self.outputs:
+            token_ids = out.new_token_ids
+            if out.finish_reason == sc.REASON_STOP:
+                token_ids = token_ids[:-1]  # the engine stops only on a stop token; OpenAI leaves it out
+            text = decoder.decode(bytes(token_ids), final=out.finished)
+            if text:
+                yield text
 
     async def whole(self) -> JSONResponse:
         try:
-            text = "".join([p async for p in self._pieces])
+            async with self.outputs:  # leaving early (the client hung up) aborts the request
+                text = "".join([p async for p in self.pieces()])
         except Exception as exc:
-            raise errors.ApiError(500, f"the engine failed: {exc}", type=errors.SERVER_ERROR) from exc
-        finally:
-            self.server.watch.forget(self.rid)
-        body = protocol.completion(
-            self.rid, self.server.model, text, self._reason(), self.chat, self._usage()
-        )
-        return JSONResponse(body, headers=self._headers())
+            raise _engine_failed(exc) from exc
+        reason = self.outputs.finish_reason
+        body = protocol.completion(self.rid, self.server.model, text, reason, self.chat, self._usage())
+        return JSONResponse(body, headers=self.headers())
 
-    async def event_stream(self) -> Response:
-        # Headers go out first, so wait until the engine has queued the request and its trace id exists.
-        queued = asyncio.ensure_future(self.watched.queued.wait())
-        try:
-            await asyncio.wait({self.first, queued}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            queued.cancel()
-        if self.first.done() and not self.first.cancelled():
-            exc = self.first.exception()
-            if exc is not None and not isinstance(exc, StopAsyncIteration):
-                self.server.watch.forget(self.rid)
-                raise errors.ApiError(500, f"the engine failed: {exc}", type=errors.SERVER_ERROR) from exc
-        return EventStream(self._events(), self._headers(), on_close=self.close)
-
-    async def _events(self) -> AsyncGenerator[bytes, None]:
+    async def events(self) -> AsyncGenerator[bytes, None]:
+        """The server-sent events of a streamed answer; the response closes ``outputs`` when it ends."""
         model, rid, chat = self.server.model, self.rid, self.chat
         try:
             if chat:
                 yield sse(protocol.chunk(rid, model, "", None, chat, first=True))
-            async for piece in self._pieces:
-                if piece:
-                    yield sse(protocol.chunk(rid, model, piece, None, chat))
-            yield sse(protocol.chunk(rid, model, None, self._reason(), chat))
+            async for piece in self.pieces():
+                yield sse(protocol.chunk(rid, model, piece, None, chat))
+            yield sse(protocol.chunk(rid, model, None, self.outputs.finish_reason, chat))
             if self.body.include_usage:
                 yield sse(protocol.usage_chunk(rid, model, chat, self._usage()))
             yield DONE
         except Exception as exc:  # headers are gone: report in the stream, as OpenAI does
-            yield sse(errors.ApiError(500, f"the engine failed: {exc}", type=errors.SERVER_ERROR).body())
-
-    async def close(self) -> None:
-        """Stop pulling tokens; an unfinished request is aborted in the engine (reason ``abort``)."""
-        if not self.first.done():
-            self.first.cancel()  # the cancellation runs the engine stream's own clean-up
-            await asyncio.gather(self.first, return_exceptions=True)
-        await self._pieces.aclose()
-        await self.texts.aclose()  # a no-op once finished; otherwise its clean-up aborts the request
-        self.server.watch.forget(self.rid)
-
-    def _reason(self) -> str:
-        return self.watched.finish_reason or "stop"
+            yield sse(_engine_failed(exc).body())
 
     def _usage(self) -> dict[str, int]:
-        return protocol.usage(self.prompt_tokens, self.watched.completion_tokens)
+        return protocol.usage(self.prompt_tokens, self.outputs.num_output_tokens)
 
-    def _headers(self) -> dict[str, str]:
+    def headers(self) -> dict[str, str]:
         headers = {HEADER_REQUEST_ID: self.rid}
-        traceparent = self.watched.traceparent
+        traceparent = self.outputs.traceparent
         if traceparent:
             headers["traceparent"] = traceparent
             headers[HEADER_TRACE_ID] = traceparent.split("-")[1]
         return headers
+
+
+async def _queued(submission: Awaitable[RequestStream]) -> RequestStream:
+    """Wait until the engine has queued the request; its failure to do so is the server's (500)."""
+    try:
+        return await submission
+    except Exception as exc:
+        raise _engine_failed(exc) from exc
+
+
+def _engine_failed(exc: Exception) -> errors.ApiError:
+    return errors.ApiError(500, f"the engine failed: {exc}", type=errors.SERVER_ERROR)

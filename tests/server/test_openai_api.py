@@ -139,3 +139,37 @@ def test_concurrent_requests_on_a_tiny_kv_cache_preempt(serve) -> None:
     assert preempted, "a KV cache this small must preempt"
     assert {s.context.trace_id for s in preempted} <= {r.context.trace_id for r in roots}
     assert sum(r.attributes.get(sc.LLM_PREEMPTIONS, 0) for r in roots) == len(preempted)
+
+
+def test_a_stop_sequence_ends_the_answer_without_it(served: Served) -> None:
+    free = client(served).completions.create(model=MODEL, prompt="stop here", max_tokens=12).choices[0].text
+    # The first new one-byte character after the start: the same prompt reaches it again (greedy decoding).
+    at = next(i for i, ch in enumerate(free) if i > 0 and ch.isascii() and ch not in free[:i])
+    raw = client(served).completions.with_raw_response.create(
+        model=MODEL, prompt="stop here", max_tokens=12, stop=free[at]
+    )
+    answer = raw.parse()
+    assert (answer.choices[0].text, answer.choices[0].finish_reason) == (free[:at], sc.REASON_STOP)
+    assert answer.usage.completion_tokens == at + 1  # the stop token was generated, so it counts
+    root = served.request_span(raw.headers["x-request-id"])
+    assert root.attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == at + 1
+    streamed = list(
+        client(served).completions.create(
+            model=MODEL,
+            prompt="stop here",
+            max_tokens=12,
+            stop=[free[at]],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == free[:at]
+    assert [c.choices[0].finish_reason for c in streamed if c.choices and c.choices[0].finish_reason] == [
+        sc.REASON_STOP
+    ]
+    assert streamed[-1].usage is not None and streamed[-1].usage.completion_tokens == at + 1
+
+
+def test_the_engine_reports_to_the_tracker_it_was_given(served: Served) -> None:
+    # The server reads ids, finish reasons and token counts from its request streams, not from the hook.
+    assert served.engine.tracker is served.tracker
