@@ -74,7 +74,10 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
             n = min(seq.num_uncomputed_tokens, budget)
-            if not self.block_manager.can_allocate(seq, n):
+            # A preempted sequence comes back only when its whole context (prompt + tokens so far) fits:
+            # re-admitting it for one chunk would evict it again a step later, over and over.
+            need = seq.num_tokens if seq.num_preemptions else n
+            if not self.block_manager.can_allocate(seq, need):
                 break  # first come, first served: nobody overtakes the head of the queue
             self.waiting.popleft()
             self.block_manager.allocate(seq, n)
