@@ -36,9 +36,10 @@ machine hits all of them and the ratios stay fair. The spread (min – max over 
 our timings. Ratios are ours ÷ peer: below 1 means ours is cheaper (for rates: slower).
 
 Spans go through real SDK `TracerProvider`s with a `SimpleSpanProcessor` and an exporter that returns
-SUCCESS and discards, and metrics to an `InMemoryMetricReader` that is not collected during timed loops,
-so that what is measured is the work on the engine's thread, not serialisation or the network (section 3
-is the exception: it goes through `otel_llm.configure()` to a real OTLP gRPC receiver).
+SUCCESS and discards, and metrics through otel_llm's `PreAggregatedMetricExporter` to one that discards,
+from a periodic reader that is not collected during timed loops, so that what is measured is the work
+on the engine's thread, not serialisation or the network (section 3 is the exception: it goes through
+`otel_llm.configure()` to a real OTLP gRPC receiver).
 
 Peers, all written in the harness (`benchmarks/peers.py`) against the same five-call hook:
 - **bare limit**: one `time.monotonic()` per call, then per request a dict lookup and a list append;

@@ -3,7 +3,9 @@ the engine's thread (span and metric building), not serialisation or the network
 
 Spans go through a ``SimpleSpanProcessor`` (export runs inline, deterministically) into
 ``DiscardSpanExporter``, a real ``SpanExporter`` that returns SUCCESS and keeps nothing but a count.
-Metrics go to an ``InMemoryMetricReader`` that is never collected during a timed loop.
+Metrics go, as in production, through otel_llm's ``PreAggregatedMetricExporter`` (the only way its
+histograms reach an exporter) into ``DiscardMetricExporter``, from a periodic reader whose interval is
+far longer than any run, so nothing is collected during a timed loop.
 """
 
 from __future__ import annotations
@@ -12,9 +14,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.metrics.export import (
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
+    PeriodicExportingMetricReader,
+)
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+
+from otel_llm.export.preaggregated import PreAggregatedMetricExporter
 
 
 class DiscardSpanExporter(SpanExporter):
@@ -34,12 +43,32 @@ class DiscardSpanExporter(SpanExporter):
         return True
 
 
+class DiscardMetricExporter(MetricExporter):
+    """Accepts every metric batch and drops it; counts the batches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches = 0
+
+    def export(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: object
+    ) -> MetricExportResult:
+        self.batches += 1
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: object) -> None:
+        pass
+
+
 @dataclass
 class Providers:
     tracer_provider: TracerProvider
     meter_provider: MeterProvider
     exporter: DiscardSpanExporter
-    reader: InMemoryMetricReader
+    reader: PeriodicExportingMetricReader
 
     def shutdown(self) -> None:
         self.tracer_provider.shutdown()
@@ -50,6 +79,8 @@ def discarding_providers() -> Providers:
     exporter = DiscardSpanExporter()
     tracer_provider = TracerProvider(shutdown_on_exit=False)
     tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
-    reader = InMemoryMetricReader()
+    reader = PeriodicExportingMetricReader(
+        PreAggregatedMetricExporter(DiscardMetricExporter()), export_interval_millis=86_400_000
+    )
     meter_provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
     return Providers(tracer_provider, meter_provider, exporter, reader)

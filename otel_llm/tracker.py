@@ -28,7 +28,7 @@ from opentelemetry.trace import Span
 from otel_llm import anomalies as an
 from otel_llm import attributes as user_attrs
 from otel_llm import semconv as sc
-from otel_llm.export.preaggregated import PreAggregatedSource, offer
+from otel_llm.export.preaggregated import PreAggregatedSource, offer, resource_of
 from otel_llm.histogram import BucketHistogram
 from otel_llm.identity import new_span_id, new_trace_id, parent_context, parent_span_context
 from otel_llm.intervals import Intervals
@@ -55,6 +55,7 @@ _LIVE_TRACKERS: weakref.WeakSet[RequestTracker] = weakref.WeakSet()
 def _renew_locks_after_fork() -> None:
     for tracker in list(_LIVE_TRACKERS):
         tracker._lock = tracker._itl._lock = threading.Lock()
+        tracker._metrics.renew_lock()
 
 
 if hasattr(os, "register_at_fork"):
@@ -151,10 +152,13 @@ class RequestTracker:
             sc.METRIC_ITL,
             sc.UNIT_SECONDS,
             "Inter-token latency: gap between consecutive tokens events",
-            self._itl,
+            [self._itl],
         )
         self._spans = SpanBuilder(tracer_provider, base, time.time_ns() - time.monotonic_ns())
         self._metrics = RequestMetrics(meter_provider, base)
+        # Every histogram this tracker exports, handed to each collection's export (see _observe_active).
+        self._preaggregated = (self._itl_source, *self._metrics.sources)
+        self._warned_unwrapped = False
         self._metrics.observe(
             sc.METRIC_ACTIVE,
             sc.UNIT_REQUEST,
@@ -482,7 +486,7 @@ class RequestTracker:
                 attrs[sc.ERROR_TYPE] = err
             attrs.update(iv.span_attributes())
             root = self._spans.build(fin, attrs, self._run_span_hook if self._span_hook else None)
-            self._metrics.record(fin, iv, trace.set_span_in_context(root), err)
+            self._metrics.record(fin, iv, root.get_span_context(), err, self._spans.wall_ns(fin.finished))
         except Exception:
             with self._lock:
                 self._anomalies.note(an.FINISH_FAILED, fin.timeline.request_id)
@@ -499,7 +503,17 @@ class RequestTracker:
     # --- observable callbacks (run in the metric reader's thread) --------------------------------
 
     def _observe_active(self) -> list[tuple[float, dict[str, Any]]]:
-        offer((self._itl_source,))  # hand the inter-token histogram to this collection's export
+        # Hand the histograms to this collection's export. Still pending from the previous collection:
+        # no PreAggregatedMetricExporter took them, so this pipeline gets no histogram at all.
+        provider = self._meter_provider or metrics.get_meter_provider()
+        if offer(self._preaggregated, resource_of(provider)) and not self._warned_unwrapped:
+            self._warned_unwrapped = True
+            _log.warning(
+                "otel_llm: this meter provider's metric exporter is not wrapped in "
+                "otel_llm.export.preaggregated.PreAggregatedMetricExporter, so otel_llm's histograms "
+                "(latencies, inter-token latency) never reach it; wrap the exporter "
+                "(otel_llm.configure() does) or use configure()'s providers"
+            )
         waiting, running, preempted = self._states
         return [
             (waiting, {sc.LLM_REQUEST_STATE: sc.STATE_WAITING}),

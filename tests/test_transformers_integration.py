@@ -10,8 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
+from metric_capture import MetricCapture  # noqa: E402
 from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
@@ -50,10 +49,10 @@ class Telemetry:
 
     def __init__(self, tracker_cls: type[RequestTracker] = RequestTracker) -> None:
         self.spans = InMemorySpanExporter()
-        self.metrics = InMemoryMetricReader()
+        self.metrics = MetricCapture()  # histograms reach it through PreAggregatedMetricExporter
         self.tracer_provider = TracerProvider()
         self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.spans))
-        self.meter_provider = MeterProvider(metric_readers=[self.metrics])
+        self.meter_provider = self.metrics.meter_provider
         self.tracker = tracker_cls(
             tracer_provider=self.tracer_provider, meter_provider=self.meter_provider, model="tiny-llama"
         )
@@ -94,6 +93,7 @@ def telemetry():
     yield make
     for t in made:
         t.instrumentor.uninstrument()
+        t.metrics.shutdown()
 
 
 def prompt(*lengths: int) -> tuple[torch.Tensor, torch.Tensor]:

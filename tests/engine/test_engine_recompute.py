@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from conftest import run_to_completion, spy_scheduler, tiny_engine
+from engine_tools import run_to_completion, spy_scheduler, tiny_engine
 
 from otel_llm.engine import AsyncLLMEngine, EngineConfig, LLMEngine
 

@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from conftest import Pipelines
+from engine_tools import Pipelines
 from opentelemetry.trace import format_span_id, format_trace_id
 
 from otel_llm import RequestTracker

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from conftest import Pipelines, SchedulerLog, run_to_completion, spy_scheduler
+from engine_tools import Pipelines, SchedulerLog, run_to_completion, spy_scheduler
 
 from otel_llm import RequestTracker
 from otel_llm import semconv as sc
