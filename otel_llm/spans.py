@@ -21,6 +21,7 @@ from opentelemetry.trace import ProxyTracer, Span, SpanKind, Status, StatusCode
 from otel_llm import semconv as sc
 from otel_llm._version import __version__
 from otel_llm.identity import PresetIds, format_traceparent, parent_span_context
+from otel_llm.intervals import Intervals
 from otel_llm.timeline import FinishedRequest, Preemption, Timeline
 
 _set_span_in_context = trace.set_span_in_context
@@ -156,6 +157,25 @@ class SpanBuilder:
         child(sc.SPAN_PREEMPTED, ctx, p.preempted, resumed if resumed is not None else end)
         if resumed is not None:
             child(sc.SPAN_RECOMPUTE, ctx, resumed, p.recomputed if p.recomputed is not None else end)
+
+
+def root_attributes(
+    fin: FinishedRequest, iv: Intervals, base: dict[str, Any], err: str | None
+) -> dict[str, Any]:
+    """The attributes of ``llm.request``: the user's from ``queued`` first, so ours win on a clash."""
+    tl = fin.timeline
+    attrs: dict[str, Any] = dict(tl.attributes) if tl.attributes else {}
+    attrs.update(base)
+    attrs[sc.LLM_REQUEST_ID] = str(tl.request_id)
+    if tl.prompt_tokens is not None:
+        attrs[sc.GEN_AI_USAGE_INPUT_TOKENS] = tl.prompt_tokens
+    attrs[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = tl.output_tokens
+    attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = (fin.reason,)
+    attrs[sc.LLM_PREEMPTIONS] = len(tl.preemptions)
+    if err is not None:
+        attrs[sc.ERROR_TYPE] = err
+    attrs.update(iv.span_attributes())
+    return attrs
 
 
 def _describe(fin: FinishedRequest) -> str:

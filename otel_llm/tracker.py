@@ -33,7 +33,7 @@ from otel_llm.histogram import BucketHistogram
 from otel_llm.identity import new_span_id, new_trace_id, parent_context, parent_span_context
 from otel_llm.intervals import Intervals
 from otel_llm.metrics import RequestMetrics
-from otel_llm.spans import SpanBuilder, error_type
+from otel_llm.spans import SpanBuilder, error_type, root_attributes
 from otel_llm.timeline import PREEMPTED, RUNNING, WAITING, FinishedRequest, Preemption, Step, Timeline
 
 _log = logging.getLogger("otel_llm")
@@ -471,20 +471,9 @@ class RequestTracker:
     def _finish(self, fin: FinishedRequest) -> None:
         """Build spans and record metrics; telemetry trouble is logged and counted, never raised."""
         try:
-            tl = fin.timeline
             iv = Intervals(fin)
             err = error_type(fin)
-            attrs: dict[str, Any] = dict(tl.attributes) if tl.attributes else {}
-            attrs.update(self._base)
-            attrs[sc.LLM_REQUEST_ID] = str(tl.request_id)
-            if tl.prompt_tokens is not None:
-                attrs[sc.GEN_AI_USAGE_INPUT_TOKENS] = tl.prompt_tokens
-            attrs[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = tl.output_tokens
-            attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = (fin.reason,)
-            attrs[sc.LLM_PREEMPTIONS] = len(tl.preemptions)
-            if err is not None:
-                attrs[sc.ERROR_TYPE] = err
-            attrs.update(iv.span_attributes())
+            attrs = root_attributes(fin, iv, self._base, err)
             root = self._spans.build(fin, attrs, self._run_span_hook if self._span_hook else None)
             self._metrics.record(fin, iv, root.get_span_context(), err, self._spans.wall_ns(fin.finished))
         except Exception:
