@@ -1,7 +1,8 @@
 """Shared fixtures: a tracker wired to real SDK providers with in-memory exporters.
 
 Metrics go through a real PeriodicExportingMetricReader and otel_llm's PreAggregatedMetricExporter into
-a list, so the inter-token-latency histogram reaches the test by the same path it takes in production.
+a list (tests/metric_capture.py), so the histograms reach the test by the same path they take in
+production.
 """
 
 from __future__ import annotations
@@ -10,42 +11,15 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import (
-    MetricExporter,
-    MetricExportResult,
-    MetricsData,
-    PeriodicExportingMetricReader,
-)
+from metric_capture import MetricCapture
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from otel_llm import RequestTracker
 from otel_llm import semconv as sc
-from otel_llm.export.preaggregated import PreAggregatedMetricExporter
 
 US = 1_000  # nanoseconds per microsecond
-
-
-class ListMetricExporter(MetricExporter):
-    """Keeps every exported batch in memory (the SDK ships no in-memory metric exporter)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.batches: list[MetricsData] = []
-
-    def export(
-        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
-    ) -> MetricExportResult:
-        self.batches.append(metrics_data)
-        return MetricExportResult.SUCCESS
-
-    def force_flush(self, timeout_millis: float = 10_000) -> bool:
-        return True
-
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        pass
 
 
 class RequestTrace:
@@ -86,11 +60,8 @@ class Harness:
         self.span_exporter = InMemorySpanExporter()
         self.tracer_provider = TracerProvider()
         self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.span_exporter))
-        self.metric_exporter = ListMetricExporter()
-        self.reader = PeriodicExportingMetricReader(
-            PreAggregatedMetricExporter(self.metric_exporter), export_interval_millis=3_600_000
-        )
-        self.meter_provider = MeterProvider(metric_readers=[self.reader])
+        self.capture = MetricCapture()  # a real periodic reader, wrapped as configure() wraps it
+        self.meter_provider = self.capture.meter_provider
         tracker_kwargs.setdefault("model", "test-model")
         self.tracker = RequestTracker(
             tracer_provider=self.tracer_provider, meter_provider=self.meter_provider, **tracker_kwargs
@@ -111,8 +82,7 @@ class Harness:
 
     def metrics(self) -> dict[str, list[Any]]:
         """Latest cumulative data points by metric name (collects and exports once)."""
-        self.reader.force_flush()
-        latest = self.metric_exporter.batches[-1]
+        latest = self.capture.get_metrics_data()
         points: dict[str, list[Any]] = {}
         for rm in latest.resource_metrics:
             for scope in rm.scope_metrics:

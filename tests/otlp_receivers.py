@@ -121,12 +121,13 @@ def closed_port() -> int:
 class _Receiver:
     """Shared mode handling: what to do with a request before keeping it."""
 
-    def __init__(self, mode: Mode, delay_s: float) -> None:
+    def __init__(self, mode: Mode, delay_s: float, port: int) -> None:
         self.mode = mode
         self.delay_s = delay_s
         self.collected = Collected()
         self._stopping = threading.Event()
-        self.port = 0
+        # 0: an ephemeral port; a fixed one lets a test restart "the collector" where it was.
+        self.port = port
 
     def _hold(self) -> bool:
         """Apply SLOW / BLACK_HOLE; return False when the request must be refused."""
@@ -154,10 +155,10 @@ class _Receiver:
 
 
 class GrpcReceiver(_Receiver):
-    """The official OTLP TraceService and MetricsService on ``127.0.0.1:<ephemeral port>``."""
+    """The official OTLP TraceService and MetricsService on ``127.0.0.1:<port>`` (ephemeral by default)."""
 
-    def __init__(self, mode: Mode = Mode.ACCEPT, delay_s: float = 1.0) -> None:
-        super().__init__(mode, delay_s)
+    def __init__(self, mode: Mode = Mode.ACCEPT, delay_s: float = 1.0, port: int = 0) -> None:
+        super().__init__(mode, delay_s, port)
         self._server: grpc.Server | None = None
 
     @property
@@ -168,7 +169,10 @@ class GrpcReceiver(_Receiver):
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceServicer(self), self._server)
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(_MetricsServicer(self), self._server)
-        self.port = self._server.add_insecure_port("127.0.0.1:0")
+        bound = self._server.add_insecure_port(f"127.0.0.1:{self.port}")
+        if self.port and bound != self.port:
+            raise OSError(f"could not bind port {self.port} again")
+        self.port = bound
         self._server.start()
 
     def stop(self) -> None:
@@ -217,8 +221,8 @@ class HttpReceiver(_Receiver):
     the path is kept on each ``Received`` so tests can check the endpoint rules.
     """
 
-    def __init__(self, mode: Mode = Mode.ACCEPT, delay_s: float = 1.0) -> None:
-        super().__init__(mode, delay_s)
+    def __init__(self, mode: Mode = Mode.ACCEPT, delay_s: float = 1.0, port: int = 0) -> None:
+        super().__init__(mode, delay_s, port)
         self._server: http.server.ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -236,7 +240,7 @@ class HttpReceiver(_Receiver):
             def log_message(self, format: str, *args: Any) -> None:  # keep test output clean
                 pass
 
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(

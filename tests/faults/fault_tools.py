@@ -7,19 +7,14 @@ check the conservation rule: spans received by the collector + spans counted as 
 
 from __future__ import annotations
 
-import http.server
 import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent import futures
 from typing import Any
 
-import grpc
 from opentelemetry.context import Context
-from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
-from otlp_receivers import Collected, GrpcReceiver, HttpReceiver, _MetricsServicer, _TraceServicer
+from otlp_receivers import Collected
 
 from otel_llm import RequestTracker
 from otel_llm.export.counting import SPANS
@@ -142,44 +137,3 @@ def received_span_ids(collected: Collected) -> list[tuple[int, int]]:
 
 def dropped_spans(telemetry: Telemetry) -> int:
     return telemetry.drops.total(SPANS)
-
-
-class GrpcReceiverOnPort(GrpcReceiver):
-    """A GrpcReceiver that listens on a given port, so a test can restart "the collector" in place."""
-
-    def __init__(self, port: int, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.port = port
-
-    def start(self) -> None:
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
-        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceServicer(self), self._server)
-        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(_MetricsServicer(self), self._server)
-        bound = self._server.add_insecure_port(f"127.0.0.1:{self.port}")
-        assert bound == self.port, f"could not bind port {self.port} again"
-        self._server.start()
-
-
-class HttpReceiverOnPort(HttpReceiver):
-    """An HttpReceiver that listens on a given port (the standard library server reuses the address)."""
-
-    def __init__(self, port: int, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.port = port
-
-    def start(self) -> None:
-        receiver = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # name fixed by http.server
-                receiver._handle(self)
-
-            def log_message(self, format: str, *args: Any) -> None:  # keep test output clean
-                pass
-
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, args=(0.05,), name="otlp-http-rx", daemon=True
-        )
-        self._thread.start()

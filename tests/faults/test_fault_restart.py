@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import pytest
 from fault_tools import (
-    GrpcReceiverOnPort,
-    HttpReceiverOnPort,
     balanced,
     build,
     dropped_spans,
@@ -26,8 +24,8 @@ from otel_llm import semconv as sc
 from otel_llm.export.counting import ATTR_REASON, REASON_EXPORT_FAILED, SPANS
 
 RESTARTABLE = [
-    pytest.param(GrpcReceiverOnPort, "grpc", id="grpc"),
-    pytest.param(HttpReceiverOnPort, "http/protobuf", id="http"),
+    pytest.param(GrpcReceiver, "grpc", id="grpc"),
+    pytest.param(HttpReceiver, "http/protobuf", id="http"),
 ]
 
 
@@ -40,7 +38,7 @@ def request_ids(collected) -> set[str]:
 @pytest.mark.parametrize(("receiver_type", "protocol"), RESTARTABLE)
 def test_collector_restart_loses_only_what_was_sent_while_down(env, started, receiver_type, protocol) -> None:
     port = closed_port()
-    first = receiver_type(port)
+    first = receiver_type(port=port)
     first.start()
     started.append(first)
     env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
@@ -58,7 +56,7 @@ def test_collector_restart_loses_only_what_was_sent_while_down(env, started, rec
     lost_while_down = dropped_spans(telemetry)
     assert lost_while_down > 0
 
-    second = receiver_type(port)
+    second = receiver_type(port=port)
     second.start()
     started.append(second)
     # A client may still be backing off from the refused connections (gRPC's reconnect backoff), so
