@@ -10,6 +10,7 @@ held weakly: one that is gone stops reporting and is forgotten.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import weakref
 from collections.abc import Callable, Iterable
@@ -83,6 +84,15 @@ class _ProviderObservables:
 
 
 _LOCK = threading.Lock()
+
+
+def _renew_lock_after_fork() -> None:
+    global _LOCK  # a fork while the reader thread held it would leave the child's copy locked forever
+    _LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_renew_lock_after_fork)
 _BY_PROVIDER: weakref.WeakKeyDictionary[Any, _ProviderObservables] = weakref.WeakKeyDictionary()
 
 
