@@ -1,19 +1,15 @@
 """otel_llm's vLLM integration against vLLM 0.33.0's real Scheduler and OutputProcessor.
 
-vLLM and its pinned torch live in their own virtualenv (``tests/vllm/make_env.sh`` builds ``.venv-vllm``;
-``OTEL_LLM_VLLM_PYTHON`` points at another interpreter, which must have this checkout installed, editable,
-because vLLM finds the plugin through the installed entry points). ``drive_scheduler.py`` runs there as a real
-subprocess: vLLM's scheduler preempts requests under a tiny KV cache, vLLM's own OutputProcessor
-(instrumented by otel_llm) processes every batch, and the driver reports our spans and metrics next to
-vLLM's own FinishedRequestStats for the same run. The expected values here are vLLM's numbers.
+``drive_scheduler.py`` (run once per session by ``conftest.py``, in vLLM's own virtualenv) drives vLLM's
+scheduler through several scenarios; vLLM's own OutputProcessor (instrumented by otel_llm) processes
+every batch, and the driver reports our spans and metrics next to vLLM's own FinishedRequestStats for the
+same run. The expected values here are vLLM's numbers. Tests taking ``any_run`` run for every scenario;
+those taking ``run`` look at the ``mixed`` scenario (abort, stop, length, a W3C parent).
 """
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
-import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -21,73 +17,51 @@ from typing import Any
 import pytest
 
 from otel_llm import semconv as sc
-
-REPO = Path(__file__).resolve().parents[2]
-DRIVER = Path(__file__).with_name("drive_scheduler.py")
-VLLM_PYTHON = Path(os.environ.get("OTEL_LLM_VLLM_PYTHON", REPO / ".venv-vllm" / "bin" / "python"))
-ABS = 1e-6  # seconds: float precision for values computed from the same monotonic timestamps
-
-pytestmark = pytest.mark.skipif(
-    not VLLM_PYTHON.exists(),
-    reason=f"vLLM virtualenv not found at {VLLM_PYTHON}: build it with `bash tests/vllm/make_env.sh` "
-    "(about 2 GB, a few minutes) or set OTEL_LLM_VLLM_PYTHON",
+from tests.vllm.conftest import (
+    ABS,
+    SCENARIOS,
+    VLLM_PYTHON,
+    metric,
+    needs_vllm,
+    roots,
+    seconds,
+    trace_of,
+    vllm_preemptions,
+    vllm_stats,
 )
 
-
-@pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("vllm") / "run.json"
-    proc = subprocess.run(
-        [str(VLLM_PYTHON), str(DRIVER), str(out)],
-        cwd=out.parent,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stdout + proc.stderr)
-        pytest.fail(f"drive_scheduler.py exited {proc.returncode}; its output is above")
-    return json.loads(out.read_text())
+pytestmark = needs_vllm
 
 
-def roots(run: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    found = [s for s in run["spans"] if s["name"] == sc.SPAN_REQUEST]
-    by_id = {s["attributes"][sc.LLM_REQUEST_ID]: s for s in found}
-    assert len(by_id) == len(found), "two llm.request spans for one request"
-    return by_id
+@pytest.fixture
+def run(vllm_runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    return vllm_runs["mixed"]
 
 
-def trace_of(run: dict[str, Any], root: dict[str, Any]) -> list[dict[str, Any]]:
-    return [s for s in run["spans"] if s["trace_id"] == root["trace_id"]]
+def test_every_scenario_ran(vllm_runs: dict[str, dict[str, Any]]) -> None:
+    assert set(vllm_runs) == set(SCENARIOS)
 
 
-def vllm_stats(run: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {f["request_id"]: f for f in run["vllm"]}
-
-
-def metric(run: dict[str, Any], name: str, **attributes: Any) -> list[dict[str, Any]]:
-    return [
-        m
-        for m in run["metrics"]
-        if m["name"] == name and all(m["attributes"].get(k) == v for k, v in attributes.items())
-    ]
-
-
-def test_the_run_preempted_and_instrumentation_turned_stats_on(run: dict[str, Any]) -> None:
+def test_the_run_preempted_and_instrumentation_turned_stats_on(any_run: dict[str, Any]) -> None:
     # The driver builds the Scheduler with log_stats=False; only the instrumentor can have turned it on.
-    assert run["scheduler_log_stats"] is True
-    assert sum(f["num_preemptions"] for f in run["vllm"]) >= 2
-    assert run["anomalies"] == {}, "the adapter fed the tracker something out of order"
+    assert any_run["scheduler_log_stats"] is True
+    assert any_run["anomalies"] == {}, "the adapter fed the tracker something out of order"
 
 
-def test_instrument_wraps_and_uninstrument_restores_vllm(run: dict[str, Any]) -> None:
-    assert run["patched"] == [
+def test_mixed_run_preempted_after_first_tokens(run: dict[str, Any]) -> None:
+    preemptions = [p for rid in run["requests"] for p in vllm_preemptions(run, rid)]
+    assert len(preemptions) >= 2
+    assert not any(p.before_first_token for p in preemptions)  # prefill_preemption covers those
+
+
+def test_instrument_wraps_and_uninstrument_restores_vllm(any_run: dict[str, Any]) -> None:
+    assert any_run["patched"] == [
         "OutputProcessor.abort_requests",
         "OutputProcessor.add_request",
         "OutputProcessor.process_outputs",
         "Scheduler.__init__",
     ]
-    assert run["restored"] is True
+    assert any_run["restored"] is True
 
 
 def test_vllm_loads_the_general_plugin(tmp_path: Path) -> None:
@@ -109,12 +83,12 @@ def test_vllm_loads_the_general_plugin(tmp_path: Path) -> None:
     assert "instrumented: True" in proc.stdout
 
 
-def test_one_trace_per_request(run: dict[str, Any]) -> None:
-    by_id = roots(run)
-    assert set(by_id) == set(run["requests"])
+def test_one_trace_per_request(any_run: dict[str, Any]) -> None:
+    by_id = roots(any_run)
+    assert set(by_id) == set(any_run["requests"])
     assert len({r["trace_id"] for r in by_id.values()}) == len(by_id)
     root_traces = {r["trace_id"] for r in by_id.values()}
-    assert {s["trace_id"] for s in run["spans"]} == root_traces
+    assert {s["trace_id"] for s in any_run["spans"]} == root_traces
 
 
 def test_trace_headers_are_the_parent(run: dict[str, Any]) -> None:
@@ -125,26 +99,29 @@ def test_trace_headers_are_the_parent(run: dict[str, Any]) -> None:
     assert all(r["parent_id"] is None for r in others)
 
 
-def test_preemption_spans_where_vllm_preempted(run: dict[str, Any]) -> None:
-    stats = vllm_stats(run)
-    for request_id, root in roots(run).items():
-        spans = trace_of(run, root)
-        preempted = [s for s in spans if s["name"] == sc.SPAN_PREEMPTED]
-        recompute = [s for s in spans if s["name"] == sc.SPAN_RECOMPUTE]
-        expected = run["vllm_preempted_events"][request_id]
+def test_preemption_spans_where_vllm_preempted(any_run: dict[str, Any]) -> None:
+    """Each of vLLM's preemptions is one llm.preempted [P, R] and one llm.recompute [R, T] span, under
+    llm.prefill when P came before the first token, else under llm.decode; durations are vLLM's."""
+    stats = vllm_stats(any_run)
+    for request_id, root in roots(any_run).items():
+        spans = trace_of(any_run, root)
+        expected = vllm_preemptions(any_run, request_id)
         if request_id in stats:
-            assert stats[request_id]["num_preemptions"] == expected
-        assert len(preempted) == expected, request_id
-        assert len(recompute) == expected, request_id  # every preempted request here produced again
-        assert root["attributes"][sc.LLM_PREEMPTIONS] == expected
+            assert stats[request_id]["num_preemptions"] == len(expected)
+        assert root["attributes"][sc.LLM_PREEMPTIONS] == len(expected)
+        preempted = sorted((s for s in spans if s["name"] == sc.SPAN_PREEMPTED), key=lambda s: s["start"])
+        recompute = sorted((s for s in spans if s["name"] == sc.SPAN_RECOMPUTE), key=lambda s: s["start"])
+        assert len(preempted) == len(recompute) == len(expected), request_id  # every one produced again
         phases = {s["span_id"]: s for s in spans if s["name"] in (sc.SPAN_PREFILL, sc.SPAN_DECODE)}
-        for span in preempted + recompute:
-            phase = phases[span["parent_id"]]
-            assert phase["start"] <= span["start"] <= span["end"] <= phase["end"]
-        for before, after in zip(
-            sorted(preempted, key=lambda s: s["start"]), sorted(recompute, key=lambda s: s["start"])
-        ):
-            assert before["end"] == after["start"]  # evicted until rescheduled, then recomputing
+        for vllm, waited, redone in zip(expected, preempted, recompute):
+            phase = sc.SPAN_PREFILL if vllm.before_first_token else sc.SPAN_DECODE
+            for span in (waited, redone):
+                parent = phases[span["parent_id"]]
+                assert parent["name"] == phase, (request_id, span["name"])
+                assert parent["start"] <= span["start"] <= span["end"] <= parent["end"]
+            assert waited["end"] == redone["start"]  # evicted until rescheduled, then recomputing
+            assert seconds(waited) == pytest.approx(vllm.rescheduled - vllm.preempted, abs=ABS)
+            assert seconds(redone) == pytest.approx(vllm.next_tokens - vllm.rescheduled, abs=ABS)
 
 
 @pytest.mark.parametrize(
@@ -156,10 +133,12 @@ def test_preemption_spans_where_vllm_preempted(run: dict[str, Any]) -> None:
         (sc.LLM_LATENCY_INFERENCE, "inference_time"),
     ],
 )
-def test_latencies_equal_vllm_finished_request_stats(run: dict[str, Any], attribute: str, field: str) -> None:
-    by_id = roots(run)
-    stats = vllm_stats(run)
-    assert set(stats) == set(run["requests"]) - {run["aborted"]}
+def test_latencies_equal_vllm_finished_request_stats(
+    any_run: dict[str, Any], attribute: str, field: str
+) -> None:
+    by_id = roots(any_run)
+    stats = vllm_stats(any_run)
+    assert set(stats) == set(any_run["requests"]) - {any_run["aborted"]}
     for request_id, vllm in stats.items():
         assert by_id[request_id]["attributes"][attribute] == pytest.approx(vllm[field], abs=ABS), request_id
 
@@ -173,24 +152,36 @@ def test_latencies_equal_vllm_finished_request_stats(run: dict[str, Any], attrib
         (sc.METRIC_INFERENCE, "inference_time"),
     ],
 )
-def test_histograms_equal_vllm(run: dict[str, Any], name: str, field: str) -> None:
-    (point,) = metric(run, name)
-    assert point["count"] == len(run["vllm"])  # the aborted request was never scheduled
-    assert point["sum"] == pytest.approx(sum(f[field] for f in run["vllm"]), abs=ABS)
+def test_histograms_equal_vllm(any_run: dict[str, Any], name: str, field: str) -> None:
+    (point,) = metric(any_run, name)
+    assert point["count"] == len(any_run["vllm"])  # an aborted request was never scheduled
+    assert point["sum"] == pytest.approx(sum(f[field] for f in any_run["vllm"]), abs=ABS)
 
 
-def test_inter_token_latency_equals_vllm(run: dict[str, Any]) -> None:
-    (point,) = metric(run, sc.METRIC_ITL)
-    assert point["count"] == len(run["vllm_inter_token_latencies"])
-    assert point["sum"] == pytest.approx(sum(run["vllm_inter_token_latencies"]), abs=ABS)
+def test_inter_token_latency_equals_vllm(any_run: dict[str, Any]) -> None:
+    (point,) = metric(any_run, sc.METRIC_ITL)
+    assert point["count"] == len(any_run["vllm_inter_token_latencies"])
+    assert point["sum"] == pytest.approx(sum(any_run["vllm_inter_token_latencies"]), abs=ABS)
 
 
-def test_preemption_counter_equals_vllm(run: dict[str, Any]) -> None:
-    (point,) = metric(run, sc.METRIC_PREEMPTIONS)
-    assert point["value"] == sum(run["vllm_preempted_events"].values())
+def test_preemption_counter_equals_vllm(any_run: dict[str, Any]) -> None:
+    points = metric(any_run, sc.METRIC_PREEMPTIONS)
+    total = sum(f["num_preemptions"] for f in any_run["vllm"])
+    assert total == sum(any_run["vllm_preempted_events"].values())
+    assert sum(p["value"] for p in points) == total
 
 
-def test_finish_reasons_and_token_counts(run: dict[str, Any]) -> None:
+def test_token_counts_equal_vllm(any_run: dict[str, Any]) -> None:
+    by_id = roots(any_run)
+    for vllm in any_run["vllm"]:
+        attributes = by_id[vllm["request_id"]]["attributes"]
+        assert attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == vllm["num_generation_tokens"]
+        assert attributes[sc.GEN_AI_USAGE_INPUT_TOKENS] == vllm["num_prompt_tokens"]
+    (output,) = metric(any_run, sc.METRIC_TOKENS, **{sc.GEN_AI_TOKEN_TYPE: sc.TOKEN_TYPE_OUTPUT})
+    assert output["value"] == sum(f["num_generation_tokens"] for f in any_run["vllm"])
+
+
+def test_finish_reasons(run: dict[str, Any]) -> None:
     by_id = roots(run)
     expected_reasons = {f["request_id"]: f["finish_reason"].lower() for f in run["vllm"]}
     expected_reasons[run["aborted"]] = sc.REASON_ABORT
@@ -204,7 +195,3 @@ def test_finish_reasons_and_token_counts(run: dict[str, Any]) -> None:
     for reason, count in counted.items():
         (point,) = metric(run, sc.METRIC_REQUESTS, **{sc.LLM_FINISH_REASON: reason})
         assert point["value"] == count
-    for vllm in run["vllm"]:
-        attributes = by_id[vllm["request_id"]]["attributes"]
-        assert attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == vllm["num_generation_tokens"]
-        assert attributes[sc.GEN_AI_USAGE_INPUT_TOKENS] == vllm["num_prompt_tokens"]
