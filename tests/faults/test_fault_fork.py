@@ -57,9 +57,12 @@ hammered = [0]
 
 
 def hammer():
+    # Busy enough that the fork lands mid-hook, paced so the parent's queue stays small enough to flush
+    # promptly on a loaded machine (the promise under test is the fork, not throughput).
     while not stop.is_set():
         serve(tracker, [f"hammer-{hammered[0]}"])
         hammered[0] += 1
+        time.sleep(0.001)
 
 
 thread = threading.Thread(target=hammer, daemon=True)
@@ -72,7 +75,7 @@ if pid == 0:
     try:
         child_telemetry, child_tracker = build("child")
         serve(child_tracker, [f"child-{i}" for i in range(20)])
-        flushed = child_telemetry.force_flush(timeout_s=10)
+        flushed = child_telemetry.force_flush(timeout_s=20)
         threads = export_threads()
         with open(sys.argv[1], "w") as out:
             json.dump({"flushed": flushed, "threads": threads}, out)
@@ -100,7 +103,7 @@ print(json.dumps({
     "child_exit": status,
     "before": before,
     "after": export_threads(),
-    "flushed": telemetry.force_flush(timeout_s=10),
+    "flushed": telemetry.force_flush(timeout_s=20),
     "hammered": hammered[0],
 }))
 telemetry.shutdown(timeout_s=5)
@@ -138,7 +141,8 @@ def test_fork_while_hooks_run_child_exports_parent_unaffected(
         parent = json.loads(done.stdout.strip().splitlines()[-1])
         assert parent["child_exit"] == 0, done.stderr
         child = json.loads(child_out.read_text())
-        assert child["flushed"] and parent["flushed"]
+        assert child["flushed"], "the child's telemetry did not flush"
+        assert parent["flushed"], "the parent's telemetry did not flush after the fork"
 
         # One worker per processor / reader: the parent's as before the fork; the child's own, plus the
         # one the SDK re-creates for the processor it inherited.
