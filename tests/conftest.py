@@ -114,3 +114,20 @@ def make_harness() -> Iterator[Any]:
     yield make
     for h in made:
         h.close()
+
+
+@pytest.fixture
+def started() -> Iterator[list[Any]]:
+    """Receivers and ``Telemetry`` handles a test starts: stopped / shut down even when the test fails.
+
+    Shutdown is bounded (a test may leave its collector black-holed), so cleanup never hangs a run.
+    """
+    from otel_llm.export.telemetry import Telemetry
+
+    things: list[Any] = []
+    yield things
+    for thing in reversed(things):
+        if isinstance(thing, Telemetry):
+            thing.shutdown(timeout_s=2)
+        else:
+            thing.stop()

@@ -9,7 +9,6 @@ lifecycle contract gives the structure and the metric counts.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -47,18 +46,6 @@ def env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     # Metrics leave only on force_flush / shutdown, so what a test sees does not depend on timing.
     monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "600000")
     return monkeypatch
-
-
-@pytest.fixture
-def started() -> Iterator[list[Any]]:
-    """Receivers and Telemetry handles a test starts; stopped / shut down even when the test fails."""
-    things: list[Any] = []
-    yield things
-    for thing in reversed(things):
-        if isinstance(thing, Telemetry):
-            thing.shutdown(timeout_s=5)
-        else:
-            thing.stop()
 
 
 def start(started: list[Any], receiver_type: type) -> Any:

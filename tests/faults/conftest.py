@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from otlp_receivers import clear_otel_env
-
-from otel_llm.export.telemetry import Telemetry
 
 # Short timeouts so an exporter gives up (and its drops are counted) within about a second.
 FAST_EXPORT_ENV = {
@@ -26,15 +22,3 @@ def env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> pytest.MonkeyPatch:
         monkeypatch.setenv(name, value)
     monkeypatch.chdir(tmp_path)  # a file fallback, should one happen, stays in the test's directory
     return monkeypatch
-
-
-@pytest.fixture
-def started() -> Iterator[list[Any]]:
-    """Receivers and Telemetry handles a test starts; shut down / stopped even when the test fails."""
-    things: list[Any] = []
-    yield things
-    for thing in reversed(things):
-        if isinstance(thing, Telemetry):
-            thing.shutdown(timeout_s=1)
-        else:
-            thing.stop()
