@@ -8,6 +8,7 @@ production.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -131,3 +132,15 @@ def started() -> Iterator[list[Any]]:
             thing.shutdown(timeout_s=2)
         else:
             thing.stop()
+
+
+@pytest.fixture
+def env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> pytest.MonkeyPatch:
+    """No OTEL_* variable from the machine; metrics leave only on an explicit flush (no timing
+    dependence); the working directory is the test's own, so a file fallback lands there."""
+    from otlp_receivers import clear_otel_env
+
+    clear_otel_env(monkeypatch)
+    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "600000")
+    monkeypatch.chdir(tmp_path)
+    return monkeypatch

@@ -26,7 +26,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from otlp_receivers import CALLER_TRACE_ID, attributes, clear_otel_env, drive_scenario
+from otlp_receivers import CALLER_TRACE_ID, attributes, drive_scenario
 
 from otel_llm import RequestTracker
 from otel_llm import semconv as sc
@@ -70,14 +70,6 @@ def parse_lines(path: Path, message_type: type[Message]) -> list[Any]:
         assert snake_case_keys(tree) == [], "OTLP/JSON keys are camelCase"
         messages.append(json_format.Parse(json.dumps(hex_ids_to_base64(tree)), message_type()))
     return messages
-
-
-@pytest.fixture
-def env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> pytest.MonkeyPatch:
-    clear_otel_env(monkeypatch)
-    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "600000")
-    monkeypatch.chdir(tmp_path)
-    return monkeypatch
 
 
 def run_scenario_to_files() -> tuple[Path, Any, list[Any]]:

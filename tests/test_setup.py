@@ -18,20 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from otlp_receivers import GrpcReceiver, HttpReceiver, Mode, clear_otel_env, closed_port, drive_scenario
+from otlp_receivers import GrpcReceiver, HttpReceiver, Mode, closed_port, drive_scenario
 
 from otel_llm import RequestTracker
 from otel_llm.setup import configure
 
 RETURNS_WITHIN_S = 30.0  # "it returns": far above the configured 1 s bound, far below a hang
-
-
-@pytest.fixture
-def env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> pytest.MonkeyPatch:
-    clear_otel_env(monkeypatch)
-    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "600000")
-    monkeypatch.chdir(tmp_path)
-    return monkeypatch
 
 
 @pytest.mark.parametrize(

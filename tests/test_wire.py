@@ -24,7 +24,6 @@ from otlp_receivers import (
     HttpReceiver,
     ScenarioCounts,
     attributes,
-    clear_otel_env,
     drive_scenario,
 )
 
@@ -38,14 +37,6 @@ PROTOCOLS = [
     pytest.param(HttpReceiver, "http/protobuf", id="http"),
 ]
 MODEL = "wire-model"
-
-
-@pytest.fixture
-def env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    clear_otel_env(monkeypatch)
-    # Metrics leave only on force_flush / shutdown, so what a test sees does not depend on timing.
-    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "600000")
-    return monkeypatch
 
 
 def start(started: list[Any], receiver_type: type) -> Any:
