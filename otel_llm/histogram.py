@@ -3,9 +3,9 @@
 Every histogram otel_llm exports is counted here. Inter-token latency has one sample per request per
 engine step, and a finished request has up to nine latency values; recording each through the SDK
 (``Histogram.record``, a few microseconds with exemplar sampling) would cost more than building the
-request's spans. Here a sample costs a bisect and a few increments, and the export wrapper in
-``otel_llm.export.preaggregated`` hands the totals to the OpenTelemetry pipeline as ordinary OTLP
-histogram points. Bucket semantics match OpenTelemetry's explicit buckets: bucket i holds values in
+request's spans. Here a sample costs a bisect and a few increments, and ``otel_llm.sdk_bridge`` hands
+the totals to every reader of an SDK MeterProvider as ordinary histogram points. Bucket semantics match
+OpenTelemetry's explicit buckets: bucket i holds values in
 (bounds[i-1], bounds[i]].
 
 Exemplars follow the SDK's aligned-bucket reservoir: each bucket keeps the latest sample offered with a
@@ -137,3 +137,27 @@ class HistogramSnapshot:
             None,
             self.exemplars_since(earlier),
         )
+
+
+class HistogramSource:
+    """One histogram metric (name, unit, description) an owner contributes to each collection: one point
+    per ``BucketHistogram``, one histogram per attribute set.
+
+    ``histograms`` only grows (its owner appends under its own lock); collectors read a copy.
+    """
+
+    __slots__ = ("bounds", "description", "histograms", "name", "unit")
+
+    def __init__(
+        self,
+        name: str,
+        unit: str,
+        description: str,
+        bounds: Sequence[float],
+        histograms: Sequence[BucketHistogram] = (),
+    ) -> None:
+        self.name = name
+        self.unit = unit
+        self.description = description
+        self.bounds = tuple(float(b) for b in bounds)
+        self.histograms: list[BucketHistogram] = list(histograms)

@@ -1,10 +1,16 @@
 """A request's trace identity, fixed at ``queued`` so ``traceparent()`` works while the request runs.
 
 Spans are built only when a request finishes, but a client may want the trace id at once. So the root
-span's trace id and span id are drawn at ``queued``, and when the spans are built the SDK tracer is made
-to use exactly those ids: its ``id_generator`` (a public attribute of the SDK ``Tracer``) is wrapped by
-``PresetIds``, which hands out a preset pair once, on the building thread, and otherwise defers to the
-original generator. Parents come from a W3C carrier (remote) or the caller's active span (local).
+span's trace id and span id are drawn at ``queued``, from the tracer provider's own ``id_generator``
+(X-Ray and other custom generators included), and when the spans are built the SDK tracer is made to use
+exactly those ids and exactly one sampling decision:
+
+- ``PresetIds`` wraps the SDK tracer's ``id_generator`` (a public attribute of the SDK ``Tracer``) and
+  hands out the preset pair once, on the building thread, otherwise deferring to the original;
+- ``PresetSampler`` wraps the tracer's ``sampler`` the same way: the request's sampler decision is taken
+  once (by ``traceparent()`` or at build time, whichever comes first) and replayed for the root span.
+
+Parents come from a W3C carrier (remote) or the caller's active span (local).
 """
 
 from __future__ import annotations
@@ -53,11 +59,42 @@ class PresetIds:
         return span_id
 
     def is_trace_id_random(self) -> bool:
-        return True
+        probe = getattr(self.inner, "is_trace_id_random", None)  # absent from older SDKs' generators
+        return bool(probe()) if probe is not None else False
+
+
+class PresetSampler:
+    """A Sampler that replays a preset ``SamplingResult`` once, on this thread, then defers to ``inner``.
+
+    The tracer calls ``should_sample`` when the root span is started; replaying the decision taken for
+    ``traceparent()`` keeps the sampler to one call per request and the exported flags equal to the
+    ones the client was given.
+    """
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self._local = threading.local()
+
+    def preset(self, result: Any) -> None:
+        self._local.result = result
+
+    def clear(self) -> None:
+        self._local.result = None
+
+    def should_sample(self, *args: Any, **kwargs: Any) -> Any:
+        result = getattr(self._local, "result", None)
+        if result is None:
+            return self.inner.should_sample(*args, **kwargs)
+        self._local.result = None
+        return result
+
+    def get_description(self) -> str:
+        return self.inner.get_description()
 
 
 def new_trace_id() -> int:
-    """128 random bits, never zero (W3C: all-zero ids are invalid)."""
+    """128 random bits, never zero (W3C: all-zero ids are invalid); for tracers that have no SDK
+    ``id_generator`` (spans are not built there, only ``traceparent()`` needs an id)."""
     return random.getrandbits(128) or 1
 
 
@@ -120,6 +157,10 @@ def parent_span_context(parent: otel_context.Context | None) -> SpanContext | No
     return span_context if span_context.is_valid else None
 
 
-def format_traceparent(trace_id: int, span_id: int, sampled: bool) -> str:
-    flags = TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT
-    return f"{_TRACEPARENT_VERSION}-{trace_id:032x}-{span_id:016x}-{flags:02x}"
+# W3C Trace Context level 2's "random trace id" flag. SDKs whose API has no such constant never set it
+# on their spans, so neither does traceparent() there.
+RANDOM_TRACE_ID_FLAG = int(getattr(TraceFlags, "RANDOM_TRACE_ID", 0))
+
+
+def format_traceparent(trace_id: int, span_id: int, flags: int) -> str:
+    return f"{_TRACEPARENT_VERSION}-{trace_id:032x}-{span_id:016x}-{flags & 0xFF:02x}"

@@ -1,108 +1,116 @@
 """A finished request -> its metric values, counted by otel_llm itself under one short lock.
 
-Nothing here calls the OpenTelemetry SDK on the request path: an SDK ``Histogram.record`` or
-``Counter.add`` costs microseconds (attribute hashing, exemplar sampling, its own locks), and a request
-has about ten of them, which would cost as much as building its spans. Instead:
+Nothing here calls the OpenTelemetry SDK on the request path when it can be avoided: an SDK
+``Histogram.record`` costs microseconds (attribute hashing, exemplar sampling, its own locks), and a
+request has about ten latency values plus an inter-token gap per engine step. So, by provider:
 
-- the latency histograms are ``otel_llm.histogram.BucketHistogram`` s (one per attribute set), each
-  bucket keeping the latest exemplar of a sampled request span, handed to the pipeline at collection
-  time through ``otel_llm.export.preaggregated`` (the same path as inter-token latency);
-- the counters are plain ints read by observable counters, which work with any MeterProvider.
+- an SDK ``MeterProvider`` (the usual case): every histogram is an ``otel_llm.histogram.BucketHistogram``
+  (one per attribute set; each bucket keeps the latest exemplar of a request span) and
+  ``otel_llm.sdk_bridge`` hands the counts to each of the provider's readers at collection time. A
+  metric the SDK would shape differently (a View matches it, a reader prefers another aggregation) is
+  recorded through a real SDK histogram instead, so the View applies exactly;
+- any other API implementation: plain API histograms, one ``record`` per value (correct, slower);
+- the global proxy before a real provider is set: bucket counts, handed over once one is set
+  (``resolve()``, called by the tracker when requests finish, on flush and at collection).
 
-Exponential histograms (``OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION`` set to
-``base2_exponential_bucket_histogram``) cannot be built from explicit buckets, so with that setting the
-latencies are recorded through SDK histograms instead, at the SDK's cost (inter-token latency stays
-explicit and pre-aggregated).
+The counters are plain ints read by observable counters, which work with any MeterProvider.
 
 Values are seconds (monotonic differences, see ``otel_llm.intervals``); exemplar times are wall-clock
-nanoseconds of the request's end.
+nanoseconds of the request's end. Only the OpenTelemetry API is imported here; the SDK bridge is
+imported when the provider is an SDK one, which means the SDK is loaded already.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from opentelemetry import metrics
 from opentelemetry.context import Context
 from opentelemetry.trace import NonRecordingSpan, SpanContext, set_span_in_context
 
+from otel_llm import meter_providers
 from otel_llm import semconv as sc
 from otel_llm._version import __version__
-from otel_llm.export.preaggregated import PreAggregatedSource
-from otel_llm.export.preferences import ENV_HISTOGRAM_AGGREGATION
-from otel_llm.histogram import BucketHistogram, SpanRef
+from otel_llm.histogram import BucketHistogram, HistogramSource, SpanRef
 from otel_llm.intervals import Intervals
 from otel_llm.observables import ObserveFn, Observer, observe
 from otel_llm.timeline import FinishedRequest
 
-# The SDK's variable for its exemplar filter; honoured here for the exemplars otel_llm keeps itself.
+# The SDK's variable for its exemplar filter; read for the exemplars otel_llm keeps itself when the
+# provider's own filter cannot be known (no SDK provider yet).
 ENV_EXEMPLAR_FILTER = "OTEL_METRICS_EXEMPLAR_FILTER"
-EXPONENTIAL = "base2_exponential_bucket_histogram"
+_TRACE_BASED, _ALWAYS, _OFF = "trace_based", "always_on", "always_off"
+
+# Finish reasons counted under their own name on llm.server.requests; any other string an engine passes
+# counts as "other" there (the span keeps it as given), so the metric's cardinality stays bounded.
+METRIC_FINISH_REASONS = frozenset(
+    {sc.REASON_STOP, sc.REASON_LENGTH, sc.REASON_ABORT, sc.REASON_ERROR, sc.REASON_EVICTED}
+    | {"tool_calls", "content_filter"}
+)
+REASON_OTHER = "other"
+
+# (attribute, metric name, bucket boundaries, description) of each request-level latency histogram.
+_LATENCIES = (
+    ("ttft", sc.METRIC_TTFT, sc.BUCKETS_TTFT, "Time to first token: first tokens event - arrival"),
+    (
+        "tpot",
+        sc.METRIC_TPOT,
+        sc.BUCKETS_TPOT,
+        "Time per output token after the first: (last - first token) / (output tokens - 1)",
+    ),
+    (
+        "duration",
+        sc.METRIC_REQUEST_DURATION,
+        sc.BUCKETS_REQUEST_DURATION,
+        "Request duration: finished - arrival",
+    ),
+    ("queue", sc.METRIC_QUEUE, sc.BUCKETS_PHASE, "Queue time: first scheduled - queued"),
+    ("prefill", sc.METRIC_PREFILL, sc.BUCKETS_PHASE, "Prefill time: first token - first scheduled"),
+    ("decode", sc.METRIC_DECODE, sc.BUCKETS_PHASE, "Decode time: last token - first token"),
+    ("inference", sc.METRIC_INFERENCE, sc.BUCKETS_PHASE, "Inference time: last token - first scheduled"),
+    (
+        "preempted",
+        sc.METRIC_PREEMPTED,
+        sc.BUCKETS_PHASE,
+        "Time a request spent evicted, per preemption: rescheduled - preempted",
+    ),
+    (
+        "recompute",
+        sc.METRIC_RECOMPUTE,
+        sc.BUCKETS_PHASE,
+        "KV-cache recompute time, per preemption that reached a token: next token - rescheduled",
+    ),
+)
+_ITL_DESCRIPTION = "Inter-token latency: gap between consecutive tokens events"
 
 
 class RequestMetrics:
-    """The request-level metrics of one tracker. ``base`` attributes go on every point."""
+    """The metrics of one tracker. ``base`` attributes go on every point.
 
-    def __init__(self, meter_provider: metrics.MeterProvider | None, base: dict[str, Any]) -> None:
+    ``itl`` is the inter-token latency histogram the tracker's hot path adds to, under ``itl_lock`` (the
+    tracker's own lock); every other histogram is guarded by this object's lock.
+    """
+
+    def __init__(
+        self, meter_provider: metrics.MeterProvider | None, base: dict[str, Any], itl_lock: threading.Lock
+    ) -> None:
+        self._given = meter_provider
         self._provider = meter_provider if meter_provider is not None else metrics.get_meter_provider()
         self._base = dict(base)
+        self._itl_lock = itl_lock
         # Observable instruments are shared by the trackers of one provider; this one reports while
         # it lives (see otel_llm.observables).
         self._observer = Observer(self._base)
         # Guards every histogram and counter below; never held across I/O (nor across SDK calls, but for
-        # the exponential fallback's Histogram.record, which never calls back into otel_llm).
+        # Histogram.record of the instrument path, which never calls back into otel_llm).
         self._lock = threading.Lock()
-        self._exemplars = _exemplar_filter()
-        self.sources: list[PreAggregatedSource] = []
-        # Exponential histograms cannot be built from explicit buckets: when they are asked for, the
-        # latencies go through SDK instruments (and cost what SDK measurements cost).
-        self._sdk = os.environ.get(ENV_HISTOGRAM_AGGREGATION, "").strip().lower() == EXPONENTIAL
-        meter = self._provider.get_meter("otel_llm", __version__) if self._sdk else None
-
-        def hist(name: str, buckets: tuple[float, ...], description: str) -> _Latency | _SdkLatency:
-            if meter is not None:
-                instrument = meter.create_histogram(
-                    name,
-                    unit=sc.UNIT_SECONDS,
-                    description=description,
-                    explicit_bucket_boundaries_advisory=buckets,
-                )
-                return _SdkLatency(instrument, self._base)
-            source = PreAggregatedSource(name, sc.UNIT_SECONDS, description)
-            self.sources.append(source)
-            return _Latency(source, BucketHistogram(buckets, self._base, self._lock))
-
-        self.ttft = hist(sc.METRIC_TTFT, sc.BUCKETS_TTFT, "Time to first token: first tokens event - arrival")
-        self.tpot = hist(
-            sc.METRIC_TPOT,
-            sc.BUCKETS_TPOT,
-            "Time per output token after the first: (last - first token) / (output tokens - 1)",
-        )
-        self.duration = hist(
-            sc.METRIC_REQUEST_DURATION, sc.BUCKETS_REQUEST_DURATION, "Request duration: finished - arrival"
-        )
-        self.queue = hist(sc.METRIC_QUEUE, sc.BUCKETS_PHASE, "Queue time: first scheduled - queued")
-        self.prefill = hist(
-            sc.METRIC_PREFILL, sc.BUCKETS_PHASE, "Prefill time: first token - first scheduled"
-        )
-        self.decode = hist(sc.METRIC_DECODE, sc.BUCKETS_PHASE, "Decode time: last token - first token")
-        self.inference = hist(
-            sc.METRIC_INFERENCE, sc.BUCKETS_PHASE, "Inference time: last token - first scheduled"
-        )
-        self.preempted = hist(
-            sc.METRIC_PREEMPTED,
-            sc.BUCKETS_PHASE,
-            "Time a request spent evicted, per preemption: rescheduled - preempted",
-        )
-        self.recompute = hist(
-            sc.METRIC_RECOMPUTE,
-            sc.BUCKETS_PHASE,
-            "KV-cache recompute time, per preemption: next token - rescheduled",
-        )
-        # Failed requests' durations carry error.type: one histogram per distinct value.
-        self._failed_duration: dict[str, _Latency | _SdkLatency] = {}
+        self._resolved: Any = None  # the provider the current recorders were made for
+        self._sources: list[HistogramSource] = []
+        self._setup(meter_providers.resolve(self._given))
+        meter_providers.register_owner(self._given, self)
 
         # Counter totals since the tracker started, by attribute set (plain ints: an add is all the
         # request path pays); reported by observable counters at collection time.
@@ -132,6 +140,79 @@ class RequestMetrics:
             counter=True,
         )
 
+    # --- which recorders, for which provider ----------------------------------------------------------
+
+    def resolve(self, adopt_itl: Callable[[Any], None]) -> None:
+        """Re-check the provider the metrics reach (the global one may have been set since). When the
+        recorders change, ``adopt_itl(new_itl)`` is called under the tracker's lock, so the hot path
+        moves to the new inter-token histogram without losing a sample. Cheap when nothing changed."""
+        target = meter_providers.resolve(self._given)
+        if target is self._resolved:
+            return
+        with self._itl_lock, self._lock:
+            if target is not self._resolved:
+                self._setup(target)
+                adopt_itl(self.itl)
+
+    def _setup(self, target: Any) -> None:
+        """Make the recorders for ``target`` (caller holds both locks, or is the constructor)."""
+        kind = meter_providers.kind(target)
+        instrument_for: set[str] = set()
+        meter = None
+        exemplars: Any = _env_exemplar_mode()
+        if kind == "sdk":
+            from otel_llm import sdk_bridge
+
+            names = [name for _, name, _, _ in _LATENCIES] + [sc.METRIC_ITL]
+            if sdk_bridge.attach(target):
+                instrument_for = {n for n in names if sdk_bridge.needs_instrument(target, n, sc.UNIT_SECONDS)}
+            else:
+                instrument_for = set(names)
+            exemplars = sdk_bridge.exemplar_mode(target)
+        elif kind == "api":
+            instrument_for = {name for _, name, _, _ in _LATENCIES} | {sc.METRIC_ITL}
+        if instrument_for:
+            meter = target.get_meter("otel_llm", __version__)
+        self._exemplars = exemplars
+        self._meter = meter
+        self._instrument_for = instrument_for
+        self._instruments: dict[str, Any] = {}
+        self._sources = []
+        self._latency_specs = {attr: (name, buckets, desc) for attr, name, buckets, desc in _LATENCIES}
+        for attr, name, buckets, desc in _LATENCIES:
+            setattr(self, attr, self._recorder(name, buckets, desc, self._base, self._lock))
+        # Failed requests' durations carry error.type: one recorder per distinct value, made on first use.
+        self._failed_duration: dict[str, _Latency | _InstrumentLatency] = {}
+        self.itl = self._recorder(sc.METRIC_ITL, sc.BUCKETS_ITL, _ITL_DESCRIPTION, self._base, self._itl_lock)
+        if isinstance(self.itl, _Latency):
+            self.itl = self.itl.hist  # the hot path adds to the histogram itself, already exported
+            self._source(sc.METRIC_ITL, sc.BUCKETS_ITL, _ITL_DESCRIPTION).histograms.append(self.itl)
+        else:
+            self.itl = _InstrumentBulk(self.itl)
+        self._resolved = target
+
+    def _recorder(
+        self, name: str, buckets: tuple[float, ...], description: str, attrs: dict[str, Any], lock: Any
+    ) -> _Latency | _InstrumentLatency:
+        if name in self._instrument_for:
+            instrument = self._instruments.get(name)
+            if instrument is None:
+                instrument = self._instruments[name] = _histogram(self._meter, name, buckets, description)
+            return _InstrumentLatency(instrument, attrs, lock)
+        return _Latency(self._source(name, buckets, description), BucketHistogram(buckets, attrs, lock))
+
+    def _source(self, name: str, buckets: tuple[float, ...], description: str) -> HistogramSource:
+        for source in self._sources:
+            if source.name == name:
+                return source
+        source = HistogramSource(name, sc.UNIT_SECONDS, description, buckets)
+        self._sources.append(source)
+        return source
+
+    def histogram_sources(self) -> Iterable[HistogramSource]:
+        """What this tracker contributes to a collection through the SDK bridge."""
+        return tuple(self._sources)
+
     def observe(
         self,
         name: str,
@@ -144,16 +225,17 @@ class RequestMetrics:
         """Register an asynchronous instrument whose values ``callback`` yields at collection time."""
         observe(self._provider, self._observer, name, unit, description, callback, counter=counter)
 
-    def renew_lock(self) -> None:
-        """A fresh lock for every histogram (a forked child must not inherit a held one)."""
+    def renew_lock(self, itl_lock: threading.Lock) -> None:
+        """Fresh locks for every recorder (a forked child must not inherit a held one)."""
         lock = self._lock = threading.Lock()
-        latencies = (self.ttft, self.tpot, self.duration, self.queue, self.prefill, self.decode)
-        for latency in (*latencies, self.inference, self.preempted, self.recompute):
-            if isinstance(latency, _Latency):
-                latency.hist._lock = lock
+        self._itl_lock = itl_lock
+        for attr, _, _, _ in _LATENCIES:
+            getattr(self, attr).renew_lock(lock)
         for latency in self._failed_duration.values():
-            if isinstance(latency, _Latency):
-                latency.hist._lock = lock
+            latency.renew_lock(lock)
+        self.itl._lock = itl_lock
+
+    # --- recording ----------------------------------------------------------------------------------
 
     def record(
         self,
@@ -169,22 +251,12 @@ class RequestMetrics:
         lets them (by default: when the span is sampled). ``time_ns``: wall-clock time of the request's
         end, the exemplars' time.
         """
-        ref: Any = None  # what each latency's add() links its sample to
-        mode = self._exemplars
-        if self._sdk:
-            if span is not None and span.is_valid:  # the SDK applies its own exemplar filter
-                ref = set_span_in_context(NonRecordingSpan(span))
-        elif (
-            span is not None
-            and mode is not _OFF
-            and span.is_valid
-            and (mode is _ALWAYS or span.trace_flags.sampled)
-        ):
-            ref = (time_ns, span.trace_id, span.span_id)
         tl = fin.timeline
+        reason = fin.reason if fin.reason in METRIC_FINISH_REASONS else REASON_OTHER
         with self._lock:
+            ref = self._exemplar_ref(span, time_ns)
             (self.duration if error_type is None else self._failed(error_type)).add(iv.e2e, ref)
-            self.requests[fin.reason] = self.requests.get(fin.reason, 0) + 1
+            self.requests[reason] = self.requests.get(reason, 0) + 1
             if iv.queue is not None:
                 self.queue.add(iv.queue, ref)
             if iv.prefill is not None:
@@ -207,18 +279,41 @@ class RequestMetrics:
                 self.input_tokens += tl.prompt_tokens
             self.output_tokens += tl.output_tokens
 
-    def _failed(self, error_type: str) -> _Latency | _SdkLatency:
-        """The duration histogram of failed requests with this error.type (caller holds the lock)."""
+    def _exemplar_ref(self, span: SpanContext | None, time_ns: int) -> Any:
+        """What the recorders link a sample to: a (time, trace id, span id) triple for bucket histograms,
+        a context for SDK instruments (which apply the provider's filter themselves), or None."""
+        if span is None or not span.is_valid:
+            return None
+        if self._instrument_for:
+            # Instruments and bucket histograms may be mixed: the context is wrapped with the triple.
+            return _ExemplarRef(self._bucket_ref(span, time_ns), set_span_in_context(NonRecordingSpan(span)))
+        return self._bucket_ref(span, time_ns)
+
+    def _bucket_ref(self, span: SpanContext, time_ns: int) -> SpanRef | None:
+        mode = self._exemplars
+        if mode == _OFF:
+            return None
+        if mode == _ALWAYS or (mode == _TRACE_BASED and span.trace_flags.sampled):
+            return (time_ns, span.trace_id, span.span_id)
+        if isinstance(mode, str):
+            return None
+        try:  # a custom ExemplarFilter of the user's provider: ask it, as the SDK would
+            ctx = set_span_in_context(NonRecordingSpan(span))
+            return (
+                (time_ns, span.trace_id, span.span_id) if mode.should_sample(0.0, time_ns, {}, ctx) else None
+            )
+        except Exception:
+            return None
+
+    def _failed(self, error_type: str) -> _Latency | _InstrumentLatency:
+        """The duration recorder of failed requests with this error.type (caller holds the lock)."""
         latency = self._failed_duration.get(error_type)
         if latency is None:
+            name, buckets, desc = self._latency_specs["duration"]
             attrs = {**self._base, sc.ERROR_TYPE: error_type}
-            duration = self.duration
-            if isinstance(duration, _SdkLatency):
-                latency = _SdkLatency(duration.instrument, attrs)
-            else:
-                hist = BucketHistogram(sc.BUCKETS_REQUEST_DURATION, attrs, self._lock)
-                latency = _Latency(duration.source, hist)
-            self._failed_duration[error_type] = latency
+            latency = self._failed_duration[error_type] = self._recorder(
+                name, buckets, desc, attrs, self._lock
+            )
         return latency
 
     # --- observable callbacks (run in the metric reader's thread) --------------------------------
@@ -240,43 +335,79 @@ class RequestMetrics:
         return [(self.preemptions, {})] if self.preemptions else []
 
 
+class _ExemplarRef:
+    """An exemplar link for a mix of recorders: the bucket triple and the SDK context."""
+
+    __slots__ = ("context", "triple")
+
+    def __init__(self, triple: SpanRef | None, context: Context) -> None:
+        self.triple = triple
+        self.context = context
+
+
 class _Latency:
-    """One attribute set of a latency metric: its histogram, and the source it joins when first used."""
+    """One attribute set of a latency metric counted by otel_llm, and the source it joins when first
+    used (from then on the point is exported, as for an SDK instrument)."""
 
     __slots__ = ("hist", "source")
 
-    def __init__(self, source: PreAggregatedSource, hist: BucketHistogram) -> None:
+    def __init__(self, source: HistogramSource, hist: BucketHistogram) -> None:
         self.source = source
         self.hist = hist
 
-    def add(self, value: float, span: SpanRef | None) -> None:
-        """One sample (seconds). Caller holds the metrics lock."""
+    def add(self, value: float, ref: Any) -> None:
+        """One sample (seconds). Caller holds the lock."""
         hist = self.hist
-        if not hist.count:  # the first sample: from now on the point is exported, as for an SDK one
+        if not hist.count:
             self.source.histograms.append(hist)
-        hist.record(value, span)
+        hist.record(value, ref.triple if ref.__class__ is _ExemplarRef else ref)
+
+    def renew_lock(self, lock: threading.Lock) -> None:
+        self.hist._lock = lock
 
 
-class _SdkLatency:
-    """One attribute set of a latency metric recorded through an SDK histogram (exponential fallback)."""
+class _InstrumentLatency:
+    """One attribute set of a latency metric recorded through an OpenTelemetry histogram instrument."""
 
-    __slots__ = ("attributes", "instrument")
+    __slots__ = ("_lock", "attributes", "instrument")
 
-    def __init__(self, instrument: Any, attributes: dict[str, Any]) -> None:
+    def __init__(self, instrument: Any, attributes: dict[str, Any], lock: Any) -> None:
         self.instrument = instrument
         self.attributes = attributes
+        self._lock = lock
 
-    def add(self, value: float, context: Context | None) -> None:
+    def add(self, value: float, ref: Any) -> None:
+        context = ref.context if ref.__class__ is _ExemplarRef else None
         self.instrument.record(value, self.attributes, context=context)
 
+    def renew_lock(self, lock: threading.Lock) -> None:
+        self._lock = lock
 
-_ON_SAMPLED, _ALWAYS, _OFF = object(), object(), object()
+
+class _InstrumentBulk:
+    """Inter-token latency through an instrument: ``add(value, n)`` as the hot path calls it."""
+
+    __slots__ = ("_lock", "latency")
+
+    def __init__(self, latency: _InstrumentLatency) -> None:
+        self.latency = latency
+        self._lock = latency._lock
+
+    def add(self, value: float, n: int = 1) -> None:
+        record, attrs = self.latency.instrument.record, self.latency.attributes
+        for _ in range(n):  # the API has no bulk record: one SDK measurement per sample
+            record(value, attrs)
 
 
-def _exemplar_filter() -> object:
-    value = os.environ.get(ENV_EXEMPLAR_FILTER, "trace_based").strip().lower()
-    if value == "always_on":
-        return _ALWAYS
-    if value == "always_off":
-        return _OFF
-    return _ON_SAMPLED
+def _histogram(meter: Any, name: str, buckets: tuple[float, ...], description: str) -> Any:
+    try:
+        return meter.create_histogram(
+            name, unit=sc.UNIT_SECONDS, description=description, explicit_bucket_boundaries_advisory=buckets
+        )
+    except TypeError:  # an API from before bucket advice
+        return meter.create_histogram(name, unit=sc.UNIT_SECONDS, description=description)
+
+
+def _env_exemplar_mode() -> str:
+    value = os.environ.get(ENV_EXEMPLAR_FILTER, _TRACE_BASED).strip().lower()
+    return value if value in (_ALWAYS, _OFF) else _TRACE_BASED

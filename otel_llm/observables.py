@@ -3,7 +3,8 @@
 The SDK keeps only the first instrument created under a name on a meter, and with it only the first
 callbacks: a second tracker on the same provider (two models served by one process) would have its
 observable counters and gauges silently ignored. So each provider gets each otel_llm observable once,
-and its callback asks every live tracker registered on that provider for its observations. Trackers are
+and its callback asks every live tracker registered on that provider for its observations. Trackers on
+the global provider share one set, whether they were made before or after the real provider was set. Trackers are
 held weakly: one that is gone stops reporting and is forgotten.
 """
 
@@ -19,6 +20,7 @@ from typing import Any
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
+from otel_llm import meter_providers
 from otel_llm._version import __version__
 
 _log = logging.getLogger("otel_llm")
@@ -110,7 +112,24 @@ def observe(
     lives (``counter``: an observable counter, else an observable up-down counter)."""
     observer.callbacks[name] = callback
     with _LOCK:
-        shared = _BY_PROVIDER.get(provider)
+        key = _key(provider)
+        shared = _BY_PROVIDER.get(key)
         if shared is None:
-            shared = _BY_PROVIDER[provider] = _ProviderObservables()
-        shared.register(provider, observer, name, unit, description, counter)
+            shared = _BY_PROVIDER[key] = _ProviderObservables()
+        shared.register(key, observer, name, unit, description, counter)
+
+
+def _key(provider: Any) -> Any:
+    """The provider whose instruments ``provider``'s trackers share (caller holds _LOCK).
+
+    Instruments created through the global proxy are forwarded to the real global provider once one is
+    set, and that provider's meter keeps only the first instrument of a name: so a tracker on the
+    global provider (given as the proxy or as the real object) joins the proxy's instruments when the
+    proxy made some, and the real provider's otherwise."""
+    proxy = meter_providers.global_proxy()
+    current = metrics.get_meter_provider()
+    if provider is proxy or provider is current:
+        if proxy is not None and proxy in _BY_PROVIDER:
+            return proxy
+        return current
+    return provider

@@ -47,7 +47,6 @@ from otel_llm.export.counting import (
     register_self_metrics,
 )
 from otel_llm.export.otlp_json import OtlpJsonMetricExporter, OtlpJsonSpanExporter
-from otel_llm.export.preaggregated import PreAggregatedMetricExporter
 from otel_llm.export.telemetry import Telemetry
 
 __all__ = ["Telemetry", "configure"]
@@ -89,7 +88,9 @@ def configure(
         resource_attributes: extra resource attributes; the environment's take precedence.
         shutdown_timeout_s: bound in seconds of ``Telemetry.shutdown()`` / ``force_flush()``; default
             ``OTEL_LLM_SHUTDOWN_TIMEOUT``, else 5.
-        views: metric views, e.g. to switch one histogram to exponential buckets.
+        views: metric views; they apply to otel_llm's histograms too (new bucket boundaries, a rename,
+            ``DropAggregation``, exponential buckets): a histogram a View matches is recorded through an
+            SDK histogram, at the SDK's cost per value.
 
     Raises:
         ValueError: an unsupported ``OTEL_EXPORTER_OTLP_*PROTOCOL`` or ``OTEL_*_EXPORTER`` value, or a bad
@@ -134,17 +135,16 @@ def _build(
     # Every span or metric point the pipeline loses is counted here and exported as a self-metric.
     drops = DropCounter()
     span_exporter = _span_exporter(traces_to, directory)
-    tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
-    processor = None
-    if span_exporter is not None:
-        processor = CountingBatchSpanProcessor(span_exporter, drops)
-        tracer_provider.add_span_processor(processor)
-
     metric_exporter = _metric_exporter(metrics_to, directory, drops)
     readers = [PeriodicExportingMetricReader(metric_exporter)] if metric_exporter is not None else []
     meter_provider = MeterProvider(
         resource=resource, metric_readers=readers, views=list(views), shutdown_on_exit=False
     )
+    tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+    processor = None
+    if span_exporter is not None:
+        processor = CountingBatchSpanProcessor(span_exporter, drops, meter_provider=meter_provider)
+        tracer_provider.add_span_processor(processor)
     register_self_metrics(meter_provider, drops, processor.queue_depth if processor is not None else None)
     _logger.info(
         "otel_llm: traces -> %s, metrics -> %s",
@@ -177,9 +177,9 @@ def _metric_exporter(to: str, directory: Path | None, drops: DropCounter) -> Met
         inner = OtlpJsonMetricExporter(directory)
     else:
         return None
-    # Merges otel_llm's own pre-aggregated histograms (inter-token latency) into every export; the
-    # counting wrapper sits inside it so those points are counted too when an export fails.
-    return PreAggregatedMetricExporter(CountingMetricExporter(inner, drops))
+    # otel_llm's own histograms join every collection of the provider (otel_llm.sdk_bridge), so they
+    # pass through this counting wrapper like any SDK point.
+    return CountingMetricExporter(inner, drops)
 
 
 def _resource(service_name: str | None, extra: Mapping[str, Any] | None) -> Resource:

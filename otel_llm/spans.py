@@ -16,11 +16,19 @@ from collections.abc import Callable
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.trace import ProxyTracer, Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import ProxyTracer, Span, SpanContext, SpanKind, Status, StatusCode
 
 from otel_llm import semconv as sc
 from otel_llm._version import __version__
-from otel_llm.identity import PresetIds, format_traceparent, parent_span_context
+from otel_llm.identity import (
+    RANDOM_TRACE_ID_FLAG,
+    PresetIds,
+    PresetSampler,
+    format_traceparent,
+    new_span_id,
+    new_trace_id,
+    parent_span_context,
+)
 from otel_llm.intervals import Intervals
 from otel_llm.timeline import FinishedRequest, Preemption, Timeline
 
@@ -41,6 +49,7 @@ class SpanBuilder:
         self._base = dict(base_attributes)
         self._offset_ns = wall_offset_ns
         self._ids: PresetIds | None = None
+        self._sampler: PresetSampler | None = None
         self._resolved: Any = None
 
     def wall_ns(self, mono_s: float) -> int:
@@ -48,30 +57,60 @@ class SpanBuilder:
         return self._offset_ns + int(mono_s * 1e9)
 
     def _real_tracer(self) -> Any:
-        """The SDK tracer behind a proxy, with our PresetIds installed once (None: tracing is a no-op)."""
+        """The SDK tracer behind a proxy, with PresetIds / PresetSampler installed once (see identity)."""
         tracer = self._tracer._tracer if isinstance(self._tracer, ProxyTracer) else self._tracer
         if tracer is not self._resolved:
             self._resolved = tracer
             generator = getattr(tracer, "id_generator", None)
-            if generator is None:
-                self._ids = None
+            sampler = getattr(tracer, "sampler", None)
+            if generator is None or sampler is None:
+                self._ids = self._sampler = None
             else:
                 if not isinstance(generator, PresetIds):
                     generator = tracer.id_generator = PresetIds(generator)
-                self._ids = generator
+                if not isinstance(sampler, PresetSampler):
+                    sampler = tracer.sampler = PresetSampler(sampler)
+                self._ids, self._sampler = generator, sampler
         return tracer
 
-    def traceparent(self, tl: Timeline) -> str:
-        """The W3C traceparent of the request's root span, with the sampler's decision as its flag."""
-        tracer = self._real_tracer()
-        sampler = getattr(tracer, "sampler", None)
+    def new_ids(self, parent: SpanContext | None) -> tuple[int, int]:
+        """(trace id, span id) of a new request span, from the tracer provider's id generator."""
+        self._real_tracer()
+        ids = self._ids
+        if ids is None:
+            return (parent.trace_id if parent is not None else new_trace_id()), new_span_id()
+        trace_id = parent.trace_id if parent is not None else ids.inner.generate_trace_id()
+        return trace_id, ids.inner.generate_span_id()
+
+    def _decide(self, tl: Timeline, attributes: dict[str, Any]) -> Any:
+        """The sampler's result for the request span, asked once per request (None: no SDK sampler).
+
+        Kept with the attribute names the sampler saw, so a replay can tell the ones it added."""
+        if tl.sampling is None and self._sampler is not None:
+            result = self._sampler.inner.should_sample(
+                tl.parent, tl.trace_id, sc.SPAN_REQUEST, self._kind(tl), attributes
+            )
+            tl.sampling = (result, frozenset(attributes))
+        return tl.sampling[0] if tl.sampling is not None else None
+
+    def traceparent(self, tl: Timeline, attributes: dict[str, Any]) -> str:
+        """The W3C traceparent of the request's root span, with the flags the SDK gives that span
+        (sampled; random trace id where the SDK sets it). ``attributes``: those known so far."""
+        self._real_tracer()
         parent = parent_span_context(tl.parent)
-        if sampler is not None:
-            result = sampler.should_sample(tl.parent, tl.trace_id, sc.SPAN_REQUEST, self._kind(tl))
+        result = self._decide(tl, attributes)
+        if result is not None:
             sampled = result.decision.is_sampled()
         else:
             sampled = bool(parent is not None and parent.trace_flags.sampled)
-        return format_traceparent(tl.trace_id, tl.span_id, sampled)
+        flags = 0x01 if sampled else 0x00
+        if parent is None:
+            random_id = self._ids is not None and self._ids.is_trace_id_random()
+        else:
+            random_id = bool(getattr(parent.trace_flags, "random_trace_id", False))
+        if random_id:
+            flags |= RANDOM_TRACE_ID_FLAG
+        return format_traceparent(tl.trace_id, tl.span_id, flags)
 
     @staticmethod
     def _kind(tl: Timeline) -> SpanKind:
@@ -90,9 +129,11 @@ class SpanBuilder:
         tracer = self._real_tracer()
         ns = self.wall_ns
         end = fin.finished
-        ids = self._ids
-        if ids is not None:
+        ids, sampler = self._ids, self._sampler
+        if ids is not None and sampler is not None:
             ids.preset(tl.trace_id, tl.span_id)
+            self._decide(tl, root_attributes)
+            sampler.preset(_replay(tl.sampling, root_attributes))
         try:
             root = tracer.start_span(
                 sc.SPAN_REQUEST,
@@ -102,8 +143,9 @@ class SpanBuilder:
                 start_time=ns(tl.arrival),
             )
         finally:
-            if ids is not None:
+            if ids is not None and sampler is not None:
                 ids.clear()
+                sampler.clear()
         if not root.is_recording():
             return root
         root_ctx = _set_span_in_context(root)
@@ -159,16 +201,31 @@ class SpanBuilder:
             child(sc.SPAN_RECOMPUTE, ctx, resumed, p.recomputed if p.recomputed is not None else end)
 
 
-def root_attributes(
-    fin: FinishedRequest, iv: Intervals, base: dict[str, Any], err: str | None
-) -> dict[str, Any]:
-    """The attributes of ``llm.request``: the user's from ``queued`` first, so ours win on a clash."""
-    tl = fin.timeline
+def _replay(decided: tuple[Any, frozenset[str]], attributes: dict[str, Any]) -> Any:
+    """The decision taken earlier, carrying the root span's full attributes: the SDK starts the span
+    with the result's attributes, and a decision taken by traceparent() saw only those known then.
+    Attributes the sampler added itself are kept."""
+    result, seen = decided
+    extra = {k: v for k, v in (result.attributes or {}).items() if k not in seen}
+    return type(result)(result.decision, {**attributes, **extra}, result.trace_state)
+
+
+def start_attributes(tl: Timeline, base: dict[str, Any]) -> dict[str, Any]:
+    """The request span's attributes known from ``queued`` on (what a sampler sees before the end)."""
     attrs: dict[str, Any] = dict(tl.attributes) if tl.attributes else {}
     attrs.update(base)
     attrs[sc.LLM_REQUEST_ID] = str(tl.request_id)
     if tl.prompt_tokens is not None:
         attrs[sc.GEN_AI_USAGE_INPUT_TOKENS] = tl.prompt_tokens
+    return attrs
+
+
+def root_attributes(
+    fin: FinishedRequest, iv: Intervals, base: dict[str, Any], err: str | None
+) -> dict[str, Any]:
+    """The attributes of ``llm.request``: the user's from ``queued`` first, so ours win on a clash."""
+    tl = fin.timeline
+    attrs = start_attributes(tl, base)
     attrs[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = tl.output_tokens
     attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = (fin.reason,)
     attrs[sc.LLM_PREEMPTIONS] = len(tl.preemptions)

@@ -66,6 +66,7 @@ class Timeline:
         "prompt_tokens",
         "queued",
         "request_id",
+        "sampling",
         "span_id",
         "state",
         "step",
@@ -99,6 +100,9 @@ class Timeline:
         self.last_event = queued  # for clamping out-of-order timestamps
         self.token_base = 0  # output tokens = token_base + step.index (+ 0 while step is None)
         self.preemptions: list[Preemption] = []
+        # The sampler's decision for the request span, taken once: by traceparent() or when the spans
+        # are built, whichever comes first (otel_llm.spans).
+        self.sampling: Any = None
 
     @property
     def last_token(self) -> float | None:

@@ -28,12 +28,10 @@ from opentelemetry.trace import Span
 from otel_llm import anomalies as an
 from otel_llm import attributes as user_attrs
 from otel_llm import semconv as sc
-from otel_llm.export.preaggregated import PreAggregatedSource, offer, resource_of
-from otel_llm.histogram import BucketHistogram
-from otel_llm.identity import new_span_id, new_trace_id, parent_context, parent_span_context
+from otel_llm.identity import parent_context, parent_span_context
 from otel_llm.intervals import Intervals
 from otel_llm.metrics import RequestMetrics
-from otel_llm.spans import SpanBuilder, error_type, root_attributes
+from otel_llm.spans import SpanBuilder, error_type, root_attributes, start_attributes
 from otel_llm.timeline import PREEMPTED, RUNNING, WAITING, FinishedRequest, Preemption, Step, Timeline
 
 _log = logging.getLogger("otel_llm")
@@ -54,8 +52,8 @@ _LIVE_TRACKERS: weakref.WeakSet[RequestTracker] = weakref.WeakSet()
 
 def _renew_locks_after_fork() -> None:
     for tracker in list(_LIVE_TRACKERS):
-        tracker._lock = tracker._itl._lock = threading.Lock()
-        tracker._metrics.renew_lock()
+        tracker._lock = threading.Lock()
+        tracker._metrics.renew_lock(tracker._lock)
 
 
 if hasattr(os, "register_at_fork"):
@@ -147,18 +145,9 @@ class RequestTracker:
         self._prev_step = _NO_STEP  # the previous tokens() call
         self._anomalies = an.AnomalyCounter()
         self._evicted = 0
-        self._itl = BucketHistogram(sc.BUCKETS_ITL, base, self._lock)
-        self._itl_source = PreAggregatedSource(
-            sc.METRIC_ITL,
-            sc.UNIT_SECONDS,
-            "Inter-token latency: gap between consecutive tokens events",
-            [self._itl],
-        )
         self._spans = SpanBuilder(tracer_provider, base, time.time_ns() - time.monotonic_ns())
-        self._metrics = RequestMetrics(meter_provider, base)
-        # Every histogram this tracker exports, handed to each collection's export (see _observe_active).
-        self._preaggregated = (self._itl_source, *self._metrics.sources)
-        self._warned_unwrapped = False
+        self._metrics = RequestMetrics(meter_provider, base, self._lock)
+        self._itl = self._metrics.itl  # inter-token latency: added to on the hot path, under self._lock
         self._metrics.observe(
             sc.METRIC_ACTIVE,
             sc.UNIT_REQUEST,
@@ -216,7 +205,7 @@ class RequestTracker:
         arrival = ts if arrival_ts is None else self._timestamp(arrival_ts)
         parent, _remote = parent_context(carrier)
         parent_sc = parent_span_context(parent)
-        trace_id = parent_sc.trace_id if parent_sc is not None else new_trace_id()
+        trace_id, span_id = self._spans.new_ids(parent_sc)
         user_attributes, problems = user_attrs.clean(attributes) if attributes else (None, ())
         with self._lock:
             for kind in problems:
@@ -229,7 +218,7 @@ class RequestTracker:
                 return
             evicted = self._due_evictions(ts, incoming=1)
             self._inflight[request_id] = Timeline(
-                request_id, ts, arrival, prompt_tokens, trace_id, new_span_id(), parent, user_attributes
+                request_id, ts, arrival, prompt_tokens, trace_id, span_id, parent, user_attributes
             )
             self._states[WAITING] += 1
         self._finish_all(evicted)
@@ -348,7 +337,7 @@ class RequestTracker:
         if tl is None:
             return None
         try:
-            return self._spans.traceparent(tl)
+            return self._spans.traceparent(tl, start_attributes(tl, self._base))
         except Exception:  # a broken third-party sampler must not take the API thread down
             _log.warning("otel_llm: could not compute a traceparent", exc_info=True)
             return None
@@ -358,6 +347,7 @@ class RequestTracker:
         with self._lock:
             evicted = self._due_evictions(_monotonic(), incoming=0)
         self._finish_all(evicted)
+        self._metrics.resolve(self._adopt_itl)
         ok = True
         for provider in (
             self._tracer_provider or trace.get_tracer_provider(),
@@ -468,9 +458,16 @@ class RequestTracker:
         for fin in done:
             self._finish(fin)
 
+    def _adopt_itl(self, itl: Any) -> None:
+        """Called under self._lock when the metrics moved to another provider's recorders."""
+        self._itl = itl
+
     def _finish(self, fin: FinishedRequest) -> None:
         """Build spans and record metrics; telemetry trouble is logged and counted, never raised."""
         try:
+            # A tracker made before the global MeterProvider was set moves to it here, before a
+            # collection of that provider can miss its histograms (a pointer comparison when settled).
+            self._metrics.resolve(self._adopt_itl)
             iv = Intervals(fin)
             err = error_type(fin)
             attrs = root_attributes(fin, iv, self._base, err)
@@ -492,17 +489,7 @@ class RequestTracker:
     # --- observable callbacks (run in the metric reader's thread) --------------------------------
 
     def _observe_active(self) -> list[tuple[float, dict[str, Any]]]:
-        # Hand the histograms to this collection's export. Still pending from the previous collection:
-        # no PreAggregatedMetricExporter took them, so this pipeline gets no histogram at all.
-        provider = self._meter_provider or metrics.get_meter_provider()
-        if offer(self._preaggregated, resource_of(provider)) and not self._warned_unwrapped:
-            self._warned_unwrapped = True
-            _log.warning(
-                "otel_llm: this meter provider's metric exporter is not wrapped in "
-                "otel_llm.export.preaggregated.PreAggregatedMetricExporter, so otel_llm's histograms "
-                "(latencies, inter-token latency) never reach it; wrap the exporter "
-                "(otel_llm.configure() does) or use configure()'s providers"
-            )
+        self._metrics.resolve(self._adopt_itl)  # a provider set since: its next collection has our histograms
         waiting, running, preempted = self._states
         return [
             (waiting, {sc.LLM_REQUEST_STATE: sc.STATE_WAITING}),

@@ -61,7 +61,7 @@ class Harness:
         self.span_exporter = InMemorySpanExporter()
         self.tracer_provider = TracerProvider()
         self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.span_exporter))
-        self.capture = MetricCapture()  # a real periodic reader, wrapped as configure() wraps it
+        self.capture = MetricCapture()  # the SDK's InMemoryMetricReader on a user-built provider
         self.meter_provider = self.capture.meter_provider
         tracker_kwargs.setdefault("model", "test-model")
         self.tracker = RequestTracker(

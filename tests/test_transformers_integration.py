@@ -49,7 +49,7 @@ class Telemetry:
 
     def __init__(self, tracker_cls: type[RequestTracker] = RequestTracker) -> None:
         self.spans = InMemorySpanExporter()
-        self.metrics = MetricCapture()  # histograms reach it through PreAggregatedMetricExporter
+        self.metrics = MetricCapture()  # a plain InMemoryMetricReader, as a user would set up
         self.tracer_provider = TracerProvider()
         self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.spans))
         self.meter_provider = self.metrics.meter_provider

@@ -4,7 +4,7 @@ Three places lose telemetry, each counted under its ``reason``:
 
 - ``queue_full``: the batch span processor's queue (``OTEL_BSP_MAX_QUEUE_SIZE``, default 2048 spans) was
   full when a span ended. The SDK keeps the newest: the span at the old end of the queue is discarded to
-  make room for the one that just ended. Counted by tapping the SDK's own drop notification.
+  make room for the one that just ended. Counted by the processor, by the SDK's own rule.
 - ``export_failed``: the exporter gave up on a batch (collector refused, unreachable or silent until the
   export timeout, after the SDK exporter's own retries), or raised. Every span / data point of the batch is
   counted.
@@ -18,6 +18,7 @@ arrive, as a cumulative total, with the first export that gets through.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -138,45 +139,52 @@ class CountingMetricExporter(MetricExporter):
         self.inner.shutdown(timeout_millis=timeout_millis, **kwargs)
 
 
-class _DropTap:
-    """Stands in for the SDK batch processor's internal-metrics object: forwards every call, and counts
-    the drops it is told about (the SDK reports each queue-full or after-shutdown span to it)."""
-
-    def __init__(self, inner: Any, drops: DropCounter) -> None:
-        self._inner = inner
-        self._drops = drops
-
-    def drop_items(self, count: int, error_type: str = REASON_QUEUE_FULL) -> None:
-        reason = REASON_AFTER_SHUTDOWN if error_type == "already_shutdown" else REASON_QUEUE_FULL
-        self._drops.add(SPANS, reason, count)
-        self._inner.drop_items(count, error_type)
-
-    def __getattr__(self, name: str) -> Any:  # finish_items, register_queue_size, ...
-        return getattr(self._inner, name)
-
-
 class CountingBatchSpanProcessor(BatchSpanProcessor):
     """The SDK's BatchSpanProcessor (same ``OTEL_BSP_*`` settings, same drop rule) with its losses counted.
 
-    Queue-full drops are seen through the SDK's internal processor-metrics hook, an internal of SDK 1.4x.
-    Should a later SDK lay itself out differently, the processor still works and a warning says that
-    queue-full drops are no longer counted (failed exports still are).
+    A span is counted in ``on_end``, before the SDK sees it, by the same rule the SDK drops by: sampled,
+    and either the processor is shut down (``after_shutdown``) or its queue is at capacity (``queue_full``;
+    the SDK then discards the oldest queued span to make room). The queue is read through its one
+    attribute (``_batch_processor._queue`` in SDK 1.4x, ``queue`` before); should a later SDK lay itself
+    out differently, queue-full drops are no longer counted and a warning says so. Where the SDK accepts
+    a ``meter_provider``, it gets ours, so the SDK's own ``otel.sdk.processor.span.*`` self-metrics (on
+    with ``OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED=true``) go out through the same pipeline.
     """
 
-    def __init__(self, exporter: SpanExporter, drops: DropCounter, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        exporter: SpanExporter,
+        drops: DropCounter,
+        meter_provider: metrics.MeterProvider | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if meter_provider is not None and "meter_provider" in inspect.signature(super().__init__).parameters:
+            kwargs["meter_provider"] = meter_provider
         super().__init__(CountingSpanExporter(exporter, drops), **kwargs)
         self.drops = drops
+        self._closed = False
         inner = getattr(self, "_batch_processor", None)
-        self._queue: Any = getattr(inner, "_queue", None)
-        if inner is not None and hasattr(inner, "_metrics") and self._queue is not None:
-            inner._metrics = _DropTap(inner._metrics, drops)
-            self.counts_queue_drops = True
-        else:
-            self.counts_queue_drops = False
+        queue = getattr(inner, "_queue", None) if inner is not None else getattr(self, "queue", None)
+        self._queue: Any = queue if queue is not None and getattr(queue, "maxlen", None) else None
+        self.counts_queue_drops = self._queue is not None
+        if self._queue is None:
             _logger.warning(
                 "otel_llm: this OpenTelemetry SDK's BatchSpanProcessor is laid out differently than "
                 "expected; spans dropped because its queue is full are not counted"
             )
+
+    def on_end(self, span: ReadableSpan) -> None:
+        context = span.context
+        if context is not None and context.trace_flags.sampled:
+            if self._closed:
+                self.drops.add(SPANS, REASON_AFTER_SHUTDOWN, 1)
+            elif self._queue is not None and len(self._queue) >= self._queue.maxlen:
+                self.drops.add(SPANS, REASON_QUEUE_FULL, 1)
+        super().on_end(span)
+
+    def shutdown(self) -> None:
+        self._closed = True
+        super().shutdown()
 
     def queue_depth(self) -> int:
         """Spans waiting in the queue now (0 when the SDK does not show it)."""

@@ -18,7 +18,7 @@ def pipelines() -> Iterator[Pipelines]:
     spans = InMemorySpanExporter()
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
-    reader = MetricCapture()  # through PreAggregatedMetricExporter, as in production
+    reader = MetricCapture()  # a plain InMemoryMetricReader on a provider of the test's own
     meter_provider = reader.meter_provider
     yield Pipelines(tracer_provider, meter_provider, spans, reader)
     tracer_provider.shutdown()
