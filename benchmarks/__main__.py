@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from benchmarks import end_to_end, engine, finish, hot_path, memory, targets
+from benchmarks import collection, end_to_end, engine, finish, hot_path, memory, targets
 from benchmarks.machine import describe
 from benchmarks.report import Measure, section_tables
 
@@ -24,6 +24,7 @@ SECTIONS: dict[str, Callable[[bool, int], list[Measure]]] = {
     "e2e": end_to_end.run,
     "memory": memory.run,
     "engine": engine.run,
+    "collect": collection.run,
 }
 
 HEADER = """# Benchmarks
@@ -36,8 +37,8 @@ machine hits all of them and the ratios stay fair. The spread (min – max over 
 our timings. Ratios are ours ÷ peer: below 1 means ours is cheaper (for rates: slower).
 
 Spans go through real SDK `TracerProvider`s with a `SimpleSpanProcessor` and an exporter that returns
-SUCCESS and discards, and metrics through otel_llm's `PreAggregatedMetricExporter` to one that discards,
-from a periodic reader that is not collected during timed loops, so that what is measured is the work
+SUCCESS and discards, and metrics to a plain SDK periodic reader whose exporter discards and which is not
+collected during timed loops, so that what is measured is the work
 on the engine's thread, not serialisation or the network (section 3 is the exception: it goes through
 `otel_llm.configure()` to a real OTLP gRPC receiver).
 

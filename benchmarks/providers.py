@@ -3,9 +3,9 @@ the engine's thread (span and metric building), not serialisation or the network
 
 Spans go through a ``SimpleSpanProcessor`` (export runs inline, deterministically) into
 ``DiscardSpanExporter``, a real ``SpanExporter`` that returns SUCCESS and keeps nothing but a count.
-Metrics go, as in production, through otel_llm's ``PreAggregatedMetricExporter`` (the only way its
-histograms reach an exporter) into ``DiscardMetricExporter``, from a periodic reader whose interval is
-far longer than any run, so nothing is collected during a timed loop.
+Metrics go to a plain SDK periodic reader (otel_llm's histograms reach it as they reach any reader)
+exporting into ``DiscardMetricExporter``, with an interval far longer than any run, so nothing is
+collected during a timed loop.
 """
 
 from __future__ import annotations
@@ -22,8 +22,6 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
-
-from otel_llm.export.preaggregated import PreAggregatedMetricExporter
 
 
 class DiscardSpanExporter(SpanExporter):
@@ -79,8 +77,6 @@ def discarding_providers() -> Providers:
     exporter = DiscardSpanExporter()
     tracer_provider = TracerProvider(shutdown_on_exit=False)
     tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
-    reader = PeriodicExportingMetricReader(
-        PreAggregatedMetricExporter(DiscardMetricExporter()), export_interval_millis=86_400_000
-    )
+    reader = PeriodicExportingMetricReader(DiscardMetricExporter(), export_interval_millis=86_400_000)
     meter_provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
     return Providers(tracer_provider, meter_provider, exporter, reader)

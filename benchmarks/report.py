@@ -12,6 +12,7 @@ SECTIONS = {
     "e2e": "3. End to end through configure() to an OTLP gRPC receiver on loopback",
     "memory": "4. Memory per in-flight request (tracemalloc)",
     "engine": "5. Reference engine",
+    "collect": "6. One metric collection (InMemoryMetricReader) with otel_llm's histograms",
 }
 
 

@@ -94,8 +94,8 @@ class BucketHistogram:
         """A consistent copy of the cumulative state."""
         with self._lock:
             slots = self.exemplars
-            kept = () if slots is None else tuple(e for e in slots if e is not None)
-            return HistogramSnapshot(list(self.counts), self.count, self.sum, self.min, self.max, kept)
+            kept = () if slots is None else tuple(filter(None, slots))
+            return HistogramSnapshot(self.counts[:], self.count, self.sum, self.min, self.max, kept)
 
 
 class HistogramSnapshot:

@@ -177,18 +177,31 @@ class RequestMetrics:
         self._meter = meter
         self._instrument_for = instrument_for
         self._instruments: dict[str, Any] = {}
-        self._sources = []
         self._latency_specs = {attr: (name, buckets, desc) for attr, name, buckets, desc in _LATENCIES}
+        # Histograms counted so far (on the proxy, before a provider was set) carry over to a provider
+        # that takes them as they are; only metrics that move to an instrument start afresh.
+        self._sources = [s for s in self._sources if s.name not in instrument_for]
         for attr, name, buckets, desc in _LATENCIES:
-            setattr(self, attr, self._recorder(name, buckets, desc, self._base, self._lock))
+            previous = getattr(self, attr, None)
+            if name in instrument_for or not isinstance(previous, _Latency):
+                setattr(self, attr, self._recorder(name, buckets, desc, self._base, self._lock))
         # Failed requests' durations carry error.type: one recorder per distinct value, made on first use.
-        self._failed_duration: dict[str, _Latency | _InstrumentLatency] = {}
-        self.itl = self._recorder(sc.METRIC_ITL, sc.BUCKETS_ITL, _ITL_DESCRIPTION, self._base, self._itl_lock)
-        if isinstance(self.itl, _Latency):
-            self.itl = self.itl.hist  # the hot path adds to the histogram itself, already exported
+        failed: dict[str, Any] = getattr(self, "_failed_duration", {})
+        self._failed_duration = {
+            error: latency
+            for error, latency in failed.items()
+            if isinstance(latency, _Latency) and sc.METRIC_REQUEST_DURATION not in instrument_for
+        }
+        previous_itl = getattr(self, "itl", None)
+        if sc.METRIC_ITL in instrument_for:
+            latency = self._recorder(
+                sc.METRIC_ITL, sc.BUCKETS_ITL, _ITL_DESCRIPTION, self._base, self._itl_lock
+            )
+            self.itl = _InstrumentBulk(latency)  # type: ignore[arg-type]
+        elif not isinstance(previous_itl, BucketHistogram):
+            self.itl = BucketHistogram(sc.BUCKETS_ITL, self._base, self._itl_lock)
+            # The hot path adds to the histogram itself: it is part of every collection from the start.
             self._source(sc.METRIC_ITL, sc.BUCKETS_ITL, _ITL_DESCRIPTION).histograms.append(self.itl)
-        else:
-            self.itl = _InstrumentBulk(self.itl)
         self._resolved = target
 
     def _recorder(

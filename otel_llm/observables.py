@@ -4,8 +4,8 @@ The SDK keeps only the first instrument created under a name on a meter, and wit
 callbacks: a second tracker on the same provider (two models served by one process) would have its
 observable counters and gauges silently ignored. So each provider gets each otel_llm observable once,
 and its callback asks every live tracker registered on that provider for its observations. Trackers on
-the global provider share one set, whether they were made before or after the real provider was set. Trackers are
-held weakly: one that is gone stops reporting and is forgotten.
+the global provider share one set, whether they were made before or after the real provider was set.
+Trackers are held weakly: one that is gone stops reporting and is forgotten.
 """
 
 from __future__ import annotations

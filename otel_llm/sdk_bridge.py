@@ -170,7 +170,9 @@ class _Bridge:
         self._provider = weakref.ref(provider)
         self._resource = config.resource
         # Per reader, per histogram: (cumulative snapshot, time) of that reader's previous collection.
-        self._previous: weakref.WeakKeyDictionary[Any, weakref.WeakKeyDictionary[BucketHistogram, Any]] = (
+        # Each collection replaces the inner dict with the histograms it saw, so a histogram whose
+        # tracker is gone is let go at the next collection.
+        self._previous: weakref.WeakKeyDictionary[Any, dict[BucketHistogram, Any]] = (
             weakref.WeakKeyDictionary()
         )
         original = consumer.collect
@@ -209,10 +211,9 @@ class _Bridge:
             )
             return data
         delta = _histogram_pref(reader, "_instrument_class_temporality") == AggregationTemporality.DELTA
-        previous = self._previous.get(reader)
-        if previous is None:
-            previous = self._previous[reader] = weakref.WeakKeyDictionary()
-        metrics = _metrics(sources, previous, delta, _now_ns(data))
+        seen: dict[BucketHistogram, Any] = {}
+        metrics = _metrics(sources, self._previous.get(reader) or {}, seen, delta, _now_ns(data))
+        self._previous[reader] = seen
         if not metrics:
             return data
         return _append(data, metrics, self._resource)
@@ -231,15 +232,18 @@ def _now_ns(data: MetricsData | None) -> int:
 
 def _metrics(
     sources: Iterable[HistogramSource],
-    previous: weakref.WeakKeyDictionary[BucketHistogram, Any],
+    previous: dict[BucketHistogram, Any],
+    seen: dict[BucketHistogram, Any],
     delta: bool,
     now_ns: int,
 ) -> list[Metric]:
+    """One metric per name; ``previous`` holds each histogram's state at this reader's last collection,
+    ``seen`` receives the state now."""
     temporality = AggregationTemporality.DELTA if delta else AggregationTemporality.CUMULATIVE
     # Several trackers contribute sources of one name: one metric with all their points.
     by_name: dict[str, tuple[HistogramSource, list[HistogramDataPoint]]] = {}
     for source in sources:
-        points = [_point(hist, previous, delta, now_ns) for hist in tuple(source.histograms)]
+        points = [_point(hist, previous.get(hist), seen, delta, now_ns) for hist in tuple(source.histograms)]
         if points:
             by_name.setdefault(source.name, (source, []))[1].extend(points)
     return [
@@ -255,17 +259,17 @@ def _metrics(
 
 def _point(
     hist: BucketHistogram,
-    previous: weakref.WeakKeyDictionary[BucketHistogram, Any],
+    earlier: tuple[HistogramSnapshot, int] | None,
+    seen: dict[BucketHistogram, Any],
     delta: bool,
     now_ns: int,
 ) -> HistogramDataPoint:
     snap = hist.snapshot()
-    earlier: tuple[HistogramSnapshot, int] | None = previous.get(hist)
-    previous[hist] = (snap, now_ns)
+    seen[hist] = (snap, now_ns)
     start_ns = hist.start_ns
     # Each collection carries only the exemplars recorded since this reader's previous one, as the SDK's
     # reservoirs do; a delta point is the difference from that collection.
-    exemplars = snap.exemplars_since(earlier[0] if earlier is not None else None)
+    exemplars = snap.exemplars_since(earlier[0] if earlier is not None else None) if snap.exemplars else ()
     if delta and earlier is not None:
         snap, start_ns = snap.minus(earlier[0]), earlier[1]
     empty = snap.count == 0
