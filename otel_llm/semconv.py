@@ -10,6 +10,9 @@ from __future__ import annotations
 
 # --- spans -----------------------------------------------------------------------------------------
 SPAN_REQUEST = "llm.request"
+# [arrival, queued]: what an API server does before the engine queues the request (parsing, tokenizing,
+# waiting to be admitted). Not queue time (vLLM's queue interval starts at queued), but in TTFT and e2e.
+SPAN_ADMISSION = "llm.admission"
 SPAN_QUEUE = "llm.queue"
 SPAN_PREFILL = "llm.prefill"
 SPAN_DECODE = "llm.decode"
@@ -35,6 +38,11 @@ ERROR_TYPE = "error.type"
 
 LLM_REQUEST_ID = "llm.request.id"
 LLM_PREEMPTIONS = "llm.preemptions"
+# Preemptions past the per-request span cap (otel_llm.spans.MAX_PREEMPTION_SPANS): how many, and their
+# time evicted / recomputing in seconds, on llm.request.
+LLM_PREEMPTIONS_UNSPANNED = "llm.preemptions.unspanned"
+LLM_PREEMPTIONS_UNSPANNED_PREEMPTED = "llm.preemptions.unspanned.preempted_duration"
+LLM_PREEMPTIONS_UNSPANNED_RECOMPUTE = "llm.preemptions.unspanned.recompute_duration"
 LLM_RESUMED = "llm.resumed"
 LLM_OUTPUT_TOKENS = "llm.output_tokens"
 LLM_FINISH_REASON = "llm.finish_reason"
@@ -62,6 +70,10 @@ REASON_LENGTH = "length"
 REASON_ABORT = "abort"
 REASON_ERROR = "error"
 REASON_EVICTED = "evicted"
+# The finish reasons a metric attribute keeps as given; any other string counts as REASON_OTHER on metrics
+# (the span keeps the original), so an engine cannot grow the number of time series.
+REASON_OTHER = "other"
+KNOWN_FINISH_REASONS = frozenset({REASON_STOP, REASON_LENGTH, REASON_ABORT, REASON_ERROR, REASON_EVICTED})
 # Reasons that make a request a failure: no TTFT / TPOT sample, error.type on the duration.
 FAILED_REASONS = frozenset({REASON_ERROR, REASON_EVICTED})
 
