@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from otel_llm import semconv as sc
 from otel_llm.engine import AsyncLLMEngine, LLMEngine
 from otel_llm.engine.async_engine import RequestStream
+from otel_llm.engine.engine import RequestTooLong
 from otel_llm.server import errors, protocol
 from otel_llm.server.streaming import DONE, ClientGone, EventStream, sse, unless_disconnected
 
@@ -93,9 +94,10 @@ class _Server:
         prompt, max_tokens = body.engine_prompt(), body.output_limit()
         try:
             token_ids = self.engine.engine.validate_request(prompt, max_tokens)
+        except RequestTooLong as exc:
+            raise _too_long(exc, chat) from None
         except ValueError as exc:
-            param = "max_tokens" if "max_tokens" in str(exc) else ("messages" if chat else "prompt")
-            raise errors.ApiError(400, str(exc), param=param) from None
+            raise errors.ApiError(400, str(exc), param="messages" if chat else "prompt") from None
         carrier = {name: request.headers[name] for name in TRACE_HEADERS if name in request.headers}
         submit = functools.partial(
             self.engine.submit,
@@ -211,6 +213,26 @@ async def _queued(submission: Awaitable[RequestStream]) -> RequestStream:
         return await submission
     except Exception as exc:
         raise _engine_failed(exc) from exc
+
+
+def _too_long(exc: RequestTooLong, chat: bool) -> errors.ApiError:
+    """Blame the prompt when it alone fills a sequence, else max_tokens; name the server's own option."""
+    room = f"this server holds at most {exc.limit} tokens per sequence, prompt and output together"
+    if exc.prompt_tokens >= exc.limit:
+        return errors.ApiError(
+            400,
+            f"the prompt is {exc.prompt_tokens} tokens; {room} (shorten the prompt, or start the server "
+            "with more --kv-blocks)",
+            param="messages" if chat else "prompt",
+            code="context_length_exceeded",
+        )
+    return errors.ApiError(
+        400,
+        f"max_tokens ({exc.max_tokens}) leaves no room: the prompt is {exc.prompt_tokens} tokens and {room}; "
+        f"ask for at most {exc.limit - exc.prompt_tokens} tokens",
+        param="max_tokens",
+        code="context_length_exceeded",
+    )
 
 
 def _engine_failed(exc: Exception) -> errors.ApiError:
