@@ -384,6 +384,10 @@ class RequestTracker:
                 ok = bool(flush(timeout_millis)) and ok
         return ok
 
+    def __contains__(self, request_id: object) -> bool:
+        """Whether ``request_id`` is queued and not yet finished (or evicted)."""
+        return request_id in self._inflight
+
     @property
     def in_flight(self) -> int:
         """Number of requests queued and not yet finished."""
