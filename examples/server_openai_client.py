@@ -80,9 +80,13 @@ def main() -> None:
         trace_id = format(span.get_span_context().trace_id, "032x")
         print(f"trace id {trace_id} (server says x-trace-id: {raw.headers.get('x-trace-id')})")
     finally:
+        client.close()  # no idle keep-alive connection for the server to wait on
+        # Both sides stop at once: the server flushes its telemetry while this process flushes its own,
+        # so the example ends within one OTEL_LLM_SHUTDOWN_TIMEOUT (+ 1 s), even with the collector down.
+        if server is not None:
+            server.terminate()  # SIGTERM: uvicorn stops, the server flushes its telemetry on the way out
         telemetry.shutdown()
         if server is not None:
-            server.terminate()  # uvicorn stops on SIGTERM; the server flushes its telemetry on the way out
             server.wait(30)
 
 

@@ -1,11 +1,14 @@
 """Counting what an engine reports that does not fit the lifecycle (lifecycle.md, "odd input").
 
 Hooks never raise for these: each kind is counted (exported as the ``otel_llm.anomalies`` self-metric)
-and logged once per tracker, so a misbehaving engine is visible without flooding its logs.
+and logged once per tracker, so a misbehaving engine is visible without flooding its logs. The log call
+happens after the tracker released its lock (a logging handler may do I/O; the engine must not wait on it
+while holding the lock another thread needs).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 _log = logging.getLogger("otel_llm")
@@ -23,6 +26,8 @@ FINISH_FAILED = "finish_failed"  # building spans or metrics raised: logged, the
 SPAN_HOOK_FAILED = "span_hook_failed"  # the user's span_hook raised: logged once, span still exported
 ATTRIBUTE_DROPPED = "attribute_dropped"  # see otel_llm.attributes
 ATTRIBUTE_TRUNCATED = "attribute_truncated"
+# More preemptions than the tracker draws spans for: the rest are summarised on llm.request.
+PREEMPTION_SPANS_CAPPED = "preemption_spans_capped"
 
 KINDS = (
     UNKNOWN_REQUEST,
@@ -38,22 +43,39 @@ KINDS = (
     SPAN_HOOK_FAILED,
     ATTRIBUTE_DROPPED,
     ATTRIBUTE_TRUNCATED,
+    PREEMPTION_SPANS_CAPPED,
 )
 
 
 class AnomalyCounter:
-    """Counts by kind. ``note`` is called with the tracker's lock held; it is cheap and never raises."""
+    """Counts by kind. ``note`` is called with the tracker's lock held; it is cheap and never raises.
+
+    The first anomaly of each kind waits in ``unlogged`` until ``log_pending`` runs, which the tracker
+    calls once its lock is released.
+    """
 
     def __init__(self) -> None:
         self.counts: dict[str, int] = {}
+        self.unlogged: list[tuple[str, object]] = []
 
     def note(self, kind: str, request_id: object = None) -> None:
         count = self.counts.get(kind, 0)
         self.counts[kind] = count + 1
         if count == 0:
-            _log.warning(
-                "otel_llm: %s (request %r); further ones are only counted in %s",
-                kind,
-                request_id,
-                "otel_llm.anomalies",
-            )
+            self.unlogged.append((kind, request_id))
+
+    def log_pending(self) -> None:
+        """Log the anomalies noted first of their kind since the last call. Call without any lock held."""
+        unlogged = self.unlogged
+        while unlogged:
+            try:
+                kind, request_id = unlogged.pop(0)  # list.pop is atomic: two callers never log one twice
+            except IndexError:
+                return
+            with contextlib.suppress(Exception):  # a broken logging handler must not reach the engine
+                _log.warning(
+                    "otel_llm: %s (request %r); further ones are only counted in %s",
+                    kind,
+                    request_id,
+                    "otel_llm.anomalies",
+                )

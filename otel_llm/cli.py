@@ -6,6 +6,8 @@ import argparse
 import importlib
 from collections.abc import Sequence
 
+from otel_llm._version import __version__
+
 # Subcommand modules, in help order; a new subcommand is one module with register() plus a name here.
 COMMANDS = ("demo", "serve", "view")
 
@@ -14,6 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="otel-llm", description="OpenTelemetry traces and metrics for every request an LLM engine serves"
     )
+    parser.add_argument("--version", action="version", version=f"otel-llm {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
         importlib.import_module(f"otel_llm.commands.{name}").register(subparsers)

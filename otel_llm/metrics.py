@@ -44,13 +44,6 @@ from otel_llm.timeline import FinishedRequest
 ENV_EXEMPLAR_FILTER = "OTEL_METRICS_EXEMPLAR_FILTER"
 _TRACE_BASED, _ALWAYS, _OFF = "trace_based", "always_on", "always_off"
 
-# Finish reasons counted under their own name on llm.server.requests; any other string an engine passes
-# counts as "other" there (the span keeps it as given), so the metric's cardinality stays bounded.
-METRIC_FINISH_REASONS = frozenset(
-    {sc.REASON_STOP, sc.REASON_LENGTH, sc.REASON_ABORT, sc.REASON_ERROR, sc.REASON_EVICTED}
-    | {"tool_calls", "content_filter"}
-)
-REASON_OTHER = "other"
 
 # (attribute, metric name, bucket boundaries, description) of each request-level latency histogram.
 _LATENCIES = (
@@ -265,7 +258,7 @@ class RequestMetrics:
         end, the exemplars' time.
         """
         tl = fin.timeline
-        reason = fin.reason if fin.reason in METRIC_FINISH_REASONS else REASON_OTHER
+        reason = fin.reason if fin.reason in sc.KNOWN_FINISH_REASONS else sc.REASON_OTHER
         with self._lock:
             ref = self._exemplar_ref(span, time_ns)
             (self.duration if error_type is None else self._failed(error_type)).add(iv.e2e, ref)

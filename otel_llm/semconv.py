@@ -10,6 +10,9 @@ from __future__ import annotations
 
 # --- spans -----------------------------------------------------------------------------------------
 SPAN_REQUEST = "llm.request"
+# [arrival, queued]: what an API server does before the engine queues the request (parsing, tokenizing,
+# waiting to be admitted). Not queue time (vLLM's queue interval starts at queued), but in TTFT and e2e.
+SPAN_ADMISSION = "llm.admission"
 SPAN_QUEUE = "llm.queue"
 SPAN_PREFILL = "llm.prefill"
 SPAN_DECODE = "llm.decode"
@@ -35,6 +38,11 @@ ERROR_TYPE = "error.type"
 
 LLM_REQUEST_ID = "llm.request.id"
 LLM_PREEMPTIONS = "llm.preemptions"
+# Preemptions past the per-request span cap (otel_llm.spans.MAX_PREEMPTION_SPANS): how many, and their
+# time evicted / recomputing in seconds, on llm.request.
+LLM_PREEMPTIONS_UNSPANNED = "llm.preemptions.unspanned"
+LLM_PREEMPTIONS_UNSPANNED_PREEMPTED = "llm.preemptions.unspanned.preempted_duration"
+LLM_PREEMPTIONS_UNSPANNED_RECOMPUTE = "llm.preemptions.unspanned.recompute_duration"
 LLM_RESUMED = "llm.resumed"
 LLM_OUTPUT_TOKENS = "llm.output_tokens"
 LLM_FINISH_REASON = "llm.finish_reason"
@@ -62,6 +70,10 @@ REASON_LENGTH = "length"
 REASON_ABORT = "abort"
 REASON_ERROR = "error"
 REASON_EVICTED = "evicted"
+# The finish reasons a metric attribute keeps as given; any other string counts as REASON_OTHER on metrics
+# (the span keeps the original), so an engine cannot grow the number of time series.
+REASON_OTHER = "other"
+KNOWN_FINISH_REASONS = frozenset({REASON_STOP, REASON_LENGTH, REASON_ABORT, REASON_ERROR, REASON_EVICTED})
 # Reasons that make a request a failure: no TTFT / TPOT sample, error.type on the duration.
 FAILED_REASONS = frozenset({REASON_ERROR, REASON_EVICTED})
 
@@ -94,67 +106,28 @@ UNIT_REQUEST = "{request}"
 UNIT_TOKEN = "{token}"
 UNIT_ANOMALY = "{anomaly}"
 
-# Explicit bucket boundaries, seconds. The three gen_ai.server.* lists are the GenAI semantic
-# conventions' advice; the llm.* ones are ours, chosen to resolve the values each metric sees.
-BUCKETS_TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
-BUCKETS_TPOT = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+# Explicit bucket boundaries, seconds. Each list starts with the GenAI semantic conventions' advice where
+# there is one and goes on to where an overloaded server's values still land in a bucket rather than
+# +Inf (vLLM's own histograms reach 2,560 s for TTFT and 7,680 s for end to end). Token gaps start at
+# 100 µs: small models and speculative decoding produce sub-millisecond gaps.
+BUCKETS_TTFT = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 320.0, 640.0, 1280.0, 2560.0,
+)  # fmt: skip
 BUCKETS_REQUEST_DURATION = (
-    0.01,
-    0.02,
-    0.04,
-    0.08,
-    0.16,
-    0.32,
-    0.64,
-    1.28,
-    2.56,
-    5.12,
-    10.24,
-    20.48,
-    40.96,
-    81.92,
-)
-# Inter-token gaps are milliseconds on a healthy engine and seconds across a preemption.
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+    163.84, 327.68, 655.36, 1310.72, 2621.44, 5242.88, 10485.76,
+)  # fmt: skip
+# Inter-token gaps and time per output token: 100 µs (a fast engine) to tens of seconds (a gap across a
+# preemption, a server under overload).
 BUCKETS_ITL = (
-    0.001,
-    0.002,
-    0.005,
-    0.01,
-    0.015,
-    0.02,
-    0.025,
-    0.03,
-    0.04,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.4,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-)
-# Queue, prefill, decode, inference, preempted and recompute times: milliseconds to minutes.
+    0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.004, 0.005, 0.0075,
+    0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+    1.0, 2.5, 5.0, 10.0, 20.0, 40.0,
+)  # fmt: skip
+BUCKETS_TPOT = BUCKETS_ITL
+# Queue, prefill, decode, inference, preempted and recompute times: 100 µs to 40 minutes.
 BUCKETS_PHASE = (
-    0.001,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    30.0,
-    60.0,
-    120.0,
-    300.0,
-)
+    0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0, 120.0, 300.0, 600.0, 1200.0, 2400.0,
+)  # fmt: skip

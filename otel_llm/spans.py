@@ -3,9 +3,14 @@
 Built once per request when it finishes (lifecycle.md, "The trace"):
 
     llm.request [A, E]
+    ├─ llm.admission [A, Q]        only when A < Q (an API server's parsing, tokenizing, admission)
     ├─ llm.queue [Q, S1 | E]
     ├─ llm.prefill [S1, F | E]     ── llm.preempted [P_k, R_k | E], llm.recompute [R_k, T_k | E] before F
     └─ llm.decode [F, E]           ── the same pair for each preemption after F
+
+A request preempted more than ``MAX_PREEMPTION_SPANS`` times gets spans and events for the first ones
+only; the rest are summarised on ``llm.request`` (how many, and the time they spent evicted and
+recomputing), so a thrashing request costs a bounded number of spans on the thread that finishes it.
 
 Monotonic seconds become wall-clock nanoseconds through one offset taken when the tracker started.
 """
@@ -33,6 +38,10 @@ from otel_llm.intervals import Intervals
 from otel_llm.timeline import FinishedRequest, Preemption, Timeline
 
 _set_span_in_context = trace.set_span_in_context
+
+# Preemptions drawn as spans (and events) per request; 2 spans and 2 events each. A request preempted
+# more often than this is thrashing, and the first ones show the pattern.
+MAX_PREEMPTION_SPANS = 32
 
 
 class SpanBuilder:
@@ -157,6 +166,8 @@ class SpanBuilder:
             return span
 
         s1, first = tl.first_scheduled, tl.first_token
+        if tl.arrival < tl.queued:  # the API server's part: not queue time, but in TTFT and e2e
+            child(sc.SPAN_ADMISSION, root_ctx, tl.arrival, tl.queued)
         child(sc.SPAN_QUEUE, root_ctx, tl.queued, s1 if s1 is not None else end)
         prefill = decode = None
         if s1 is not None:
@@ -164,7 +175,7 @@ class SpanBuilder:
         if first is not None:
             decode = start(sc.SPAN_DECODE, context=root_ctx, start_time=ns(first))
         preemptions = tl.preemptions
-        for k, p in enumerate(preemptions):
+        for k, p in enumerate(preemptions[:MAX_PREEMPTION_SPANS]):
             phase = decode if p.after_first_token else prefill
             if phase is not None:
                 # A recompute cut short by the next preemption ends there, so the spans never overlap.
@@ -175,17 +186,8 @@ class SpanBuilder:
         if decode is not None:
             decode.end(end_time=ns(end))
 
-        root.add_event(sc.EVENT_QUEUED, timestamp=ns(tl.queued))
-        if s1 is not None:
-            root.add_event(sc.EVENT_SCHEDULED, {sc.LLM_RESUMED: False}, timestamp=ns(s1))
-        if first is not None:
-            root.add_event(sc.EVENT_FIRST_TOKEN, timestamp=ns(first))
-        for p in tl.preemptions:
-            root.add_event(
-                sc.EVENT_PREEMPTED, {sc.LLM_OUTPUT_TOKENS: p.output_tokens}, timestamp=ns(p.preempted)
-            )
-            if p.rescheduled is not None:
-                root.add_event(sc.EVENT_SCHEDULED, {sc.LLM_RESUMED: True}, timestamp=ns(p.rescheduled))
+        for name, attributes, at in _events(tl):
+            root.add_event(name, attributes, timestamp=ns(at))
         if fin.reason in sc.FAILED_REASONS:
             root.set_status(Status(StatusCode.ERROR, _describe(fin)))
         if before_end is not None:
@@ -210,6 +212,25 @@ def _replay(decided: tuple[Any, frozenset[str]], attributes: dict[str, Any]) -> 
     return type(result)(result.decision, {**attributes, **extra}, result.trace_state)
 
 
+def _events(tl: Timeline) -> list[tuple[str, dict[str, Any] | None, float]]:
+    """The events of ``llm.request`` as (name, attributes, monotonic seconds), in time order.
+
+    Trace UIs list events in the order they were added, so they are sorted here; the sort is stable, so
+    events at one instant keep their lifecycle order (a preemption before the scheduling that resumes it).
+    """
+    events: list[tuple[str, dict[str, Any] | None, float]] = [(sc.EVENT_QUEUED, None, tl.queued)]
+    if tl.first_scheduled is not None:
+        events.append((sc.EVENT_SCHEDULED, {sc.LLM_RESUMED: False}, tl.first_scheduled))
+    if tl.first_token is not None:
+        events.append((sc.EVENT_FIRST_TOKEN, None, tl.first_token))
+    for p in tl.preemptions[:MAX_PREEMPTION_SPANS]:
+        events.append((sc.EVENT_PREEMPTED, {sc.LLM_OUTPUT_TOKENS: p.output_tokens}, p.preempted))
+        if p.rescheduled is not None:
+            events.append((sc.EVENT_SCHEDULED, {sc.LLM_RESUMED: True}, p.rescheduled))
+    events.sort(key=lambda e: e[2])
+    return events
+
+
 def start_attributes(tl: Timeline, base: dict[str, Any]) -> dict[str, Any]:
     """The request span's attributes known from ``queued`` on (what a sampler sees before the end)."""
     attrs: dict[str, Any] = dict(tl.attributes) if tl.attributes else {}
@@ -229,10 +250,30 @@ def root_attributes(
     attrs[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = tl.output_tokens
     attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = (fin.reason,)
     attrs[sc.LLM_PREEMPTIONS] = len(tl.preemptions)
+    if len(tl.preemptions) > MAX_PREEMPTION_SPANS:
+        count, preempted_s, recompute_s = _unspanned(fin)
+        attrs[sc.LLM_PREEMPTIONS_UNSPANNED] = count
+        attrs[sc.LLM_PREEMPTIONS_UNSPANNED_PREEMPTED] = preempted_s
+        attrs[sc.LLM_PREEMPTIONS_UNSPANNED_RECOMPUTE] = recompute_s
     if err is not None:
         attrs[sc.ERROR_TYPE] = err
     attrs.update(iv.span_attributes())
     return attrs
+
+
+def _unspanned(fin: FinishedRequest) -> tuple[int, float, float]:
+    """Preemptions past the span cap: their count, and seconds evicted and recomputing, measured with the
+    bounds their spans would have had (a recompute cut short by the next preemption ends there)."""
+    preemptions = fin.timeline.preemptions
+    preempted_s = recompute_s = 0.0
+    for k in range(MAX_PREEMPTION_SPANS, len(preemptions)):
+        p = preemptions[k]
+        until = preemptions[k + 1].preempted if k + 1 < len(preemptions) else fin.finished
+        resumed = p.rescheduled
+        preempted_s += (resumed if resumed is not None else until) - p.preempted
+        if resumed is not None:
+            recompute_s += (p.recomputed if p.recomputed is not None else until) - resumed
+    return len(preemptions) - MAX_PREEMPTION_SPANS, preempted_s, recompute_s
 
 
 def _describe(fin: FinishedRequest) -> str:

@@ -31,7 +31,7 @@ from otel_llm import semconv as sc
 from otel_llm.identity import parent_context, parent_span_context
 from otel_llm.intervals import Intervals
 from otel_llm.metrics import RequestMetrics
-from otel_llm.spans import SpanBuilder, error_type, root_attributes, start_attributes
+from otel_llm.spans import MAX_PREEMPTION_SPANS, SpanBuilder, error_type, root_attributes, start_attributes
 from otel_llm.timeline import PREEMPTED, RUNNING, WAITING, FinishedRequest, Preemption, Step, Timeline
 
 _log = logging.getLogger("otel_llm")
@@ -213,14 +213,17 @@ class RequestTracker:
             if arrival > ts:
                 self._anomalies.note(an.ARRIVAL_AFTER_QUEUED, request_id)
                 arrival = ts
+            evicted: list[FinishedRequest] = []
             if request_id in self._inflight:
                 self._anomalies.note(an.DUPLICATE_QUEUED, request_id)
-                return
-            evicted = self._due_evictions(ts, incoming=1)
-            self._inflight[request_id] = Timeline(
-                request_id, ts, arrival, prompt_tokens, trace_id, span_id, parent, user_attributes
-            )
-            self._states[WAITING] += 1
+            else:
+                evicted = self._due_evictions(ts, incoming=1)
+                self._inflight[request_id] = Timeline(
+                    request_id, ts, arrival, prompt_tokens, trace_id, span_id, parent, user_attributes
+                )
+                self._states[WAITING] += 1
+        if self._anomalies.unlogged:
+            self._anomalies.log_pending()
         self._finish_all(evicted)
 
     def scheduled(self, request_ids: Sequence[Any], ts: float | None = None) -> None:
@@ -237,6 +240,8 @@ class RequestTracker:
                     self._anomalies.note(an.SCHEDULED_WHILE_RUNNING, rid)
                 else:
                     self._schedule(tl, self._clamp(tl, ts))
+        if self._anomalies.unlogged:
+            self._anomalies.log_pending()
 
     def tokens(
         self, request_ids: Sequence[Any], ts: float | None = None, counts: Sequence[int] | None = None
@@ -281,6 +286,8 @@ class RequestTracker:
             shared = len(request_ids) - checked
             if shared:
                 self._itl.add(ts - prev.ts, shared)
+        if self._anomalies.unlogged:
+            self._anomalies.log_pending()
 
     def preempted(self, request_ids: Sequence[Any], ts: float | None = None) -> None:
         """The KV cache of these running requests was evicted (P_k); they wait to be recomputed."""
@@ -298,12 +305,16 @@ class RequestTracker:
                     continue
                 at = self._clamp(tl, ts)
                 tl.preemptions.append(Preemption(at, tl.output_tokens, tl.latest_token()))
+                if len(tl.preemptions) == MAX_PREEMPTION_SPANS + 1:  # once per request, past the cap
+                    self._anomalies.note(an.PREEMPTION_SPANS_CAPPED, rid)
                 tl.token_base = tl.output_tokens
                 tl.step = None
                 tl.last_event = at
                 tl.state = PREEMPTED
                 self._states[RUNNING] -= 1
                 self._states[PREEMPTED] += 1
+        if self._anomalies.unlogged:
+            self._anomalies.log_pending()
 
     def finished(
         self,
@@ -321,12 +332,17 @@ class RequestTracker:
         ts = self._timestamp(ts)
         with self._lock:
             tl = self._inflight.pop(request_id, None)
+            done = None
             if tl is None:
                 self._anomalies.note(an.UNKNOWN_REQUEST, request_id)
-                return
-            self._states[tl.state] -= 1
-            done = FinishedRequest(tl, self._clamp(tl, ts), reason, error)
-            evicted = self._due_evictions(ts, incoming=0)
+            else:
+                self._states[tl.state] -= 1
+                done = FinishedRequest(tl, self._clamp(tl, ts), reason, error)
+                evicted = self._due_evictions(ts, incoming=0)
+        if self._anomalies.unlogged:
+            self._anomalies.log_pending()
+        if done is None:
+            return
         self._finish(done)
         self._finish_all(evicted)
 
@@ -358,6 +374,10 @@ class RequestTracker:
                 ok = bool(flush(timeout_millis)) and ok
         return ok
 
+    def __contains__(self, request_id: object) -> bool:
+        """Whether ``request_id`` is queued and not yet finished (or evicted)."""
+        return request_id in self._inflight
+
     @property
     def in_flight(self) -> int:
         """Number of requests queued and not yet finished."""
@@ -388,6 +408,7 @@ class RequestTracker:
             return ts
         with self._lock:
             self._anomalies.note(an.BAD_TIMESTAMP)
+        self._anomalies.log_pending()
         return _monotonic()
 
     def _clamp(self, tl: Timeline, ts: float) -> float:
@@ -476,6 +497,7 @@ class RequestTracker:
         except Exception:
             with self._lock:
                 self._anomalies.note(an.FINISH_FAILED, fin.timeline.request_id)
+            self._anomalies.log_pending()
             _log.debug("otel_llm: finishing request %r failed", fin.timeline.request_id, exc_info=True)
 
     def _run_span_hook(self, span: Span, fin: FinishedRequest) -> None:
@@ -484,6 +506,7 @@ class RequestTracker:
         except Exception:  # user code: never let it cost the trace or the engine
             with self._lock:
                 self._anomalies.note(an.SPAN_HOOK_FAILED, fin.timeline.request_id)
+            self._anomalies.log_pending()
             _log.debug("otel_llm: span_hook raised", exc_info=True)
 
     # --- observable callbacks (run in the metric reader's thread) --------------------------------

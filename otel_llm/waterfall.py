@@ -48,6 +48,10 @@ class RequestTrace:
 
     @property
     def preemptions(self) -> int:
+        """From the root's ``llm.preemptions`` (spans stop at a cap), else by counting spans."""
+        counted = self.root.attributes.get(semconv.LLM_PREEMPTIONS)
+        if isinstance(counted, (int, str)) and str(counted).isdigit():
+            return int(counted)
         return sum(1 for s in self.spans if s.name == semconv.SPAN_PREEMPTED)
 
     def children(self, parent: SpanRecord) -> list[SpanRecord]:
@@ -143,11 +147,23 @@ def group_requests(records: Iterable[SpanRecord]) -> list[RequestTrace]:
 
 
 def pick_request(
-    requests: list[RequestTrace], request_id: str | None = None, slowest: bool = False
+    requests: list[RequestTrace],
+    request_id: str | None = None,
+    slowest: bool = False,
+    trace_id: str | None = None,
 ) -> RequestTrace:
-    """The request with ``request_id`` (its latest run), the slowest, or else the most preempted."""
+    """The request with ``request_id`` (its latest run) or in ``trace_id`` (hex), the slowest, or else
+    the most preempted."""
     if not requests:
         raise ValueError("no llm.request spans found; is this a traces file written by otel_llm?")
+    if trace_id is not None:
+        wanted = trace_id.strip().lower()
+        matches = [t for t in requests if t.root.trace_id == wanted]
+        if not matches:
+            raise ValueError(
+                f"no request in trace {trace_id!r}; trace ids look like {requests[0].root.trace_id!r}"
+            )
+        return matches[-1]
     if request_id is not None:
         matches = [t for t in requests if t.request_id == request_id]
         if not matches:

@@ -44,7 +44,8 @@ def test_plain_request(harness):
     tr.assert_interval(tr.child(tr.root, sc.SPAN_QUEUE), Q, S1)
     tr.assert_interval(tr.child(tr.root, sc.SPAN_PREFILL), S1, F)
     tr.assert_interval(tr.child(tr.root, sc.SPAN_DECODE), F, E)
-    assert len(tr.spans) == 4
+    tr.assert_interval(tr.child(tr.root, sc.SPAN_ADMISSION), A, Q)  # A < Q: covered, not queue time
+    assert len(tr.spans) == 5
     a = tr.root.attributes
     assert a[sc.LLM_REQUEST_ID] == "r1" and a[sc.GEN_AI_REQUEST_MODEL] == "test-model"
     assert a[sc.GEN_AI_USAGE_INPUT_TOKENS] == 7 and a[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 4

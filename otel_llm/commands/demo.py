@@ -13,6 +13,15 @@ import random
 import time
 from dataclasses import dataclass
 
+from otel_llm.commands._common import (
+    check_device,
+    configure_run,
+    destinations,
+    need_torch,
+    positive_int,
+    written_files,
+)
+
 _WORDS = (
     "token", "cache", "block", "prefill", "decode", "queue", "batch", "stream", "attention", "layer",
     "paged", "request", "engine", "model", "latency", "trace", "span", "metric", "schedule", "preempt",
@@ -29,11 +38,21 @@ class DemoRequest:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("demo", help="run the reference torch engine on a workload that preempts")
-    p.add_argument("--requests", type=int, default=32, help="number of requests (default 32)")
-    p.add_argument("--kv-blocks", type=int, default=24, help="KV cache blocks of 16 tokens (default 24)")
+    p.add_argument("--requests", type=positive_int, default=32, help="number of requests (default 32)")
+    p.add_argument(
+        "--kv-blocks",
+        type=positive_int,
+        default=24,
+        help="KV cache blocks of 16 tokens (default 24)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the workload and the model weights")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
-    p.add_argument("--output-dir", default=None, help="directory of the OTLP JSON files (no endpoint set)")
+    p.add_argument(
+        "--output-dir",
+        default=None,
+        help="folder under which this run's OTLP JSON files go, in a new <demo-time-pid> folder "
+        "(no endpoint set; default ./otel-llm-output)",
+    )
     p.add_argument("--step-spans", action="store_true", help="also emit one llm.engine.step span per step")
     p.set_defaults(func=run)
 
@@ -44,8 +63,9 @@ def make_workload(n: int, seed: int, max_len: int) -> list[DemoRequest]:
     step, out = 0, []
     for _ in range(n):
         step += rng.choice((0, 1, 2, 4, 8))
-        max_tokens = rng.randint(8, 64)
-        target = rng.randint(150, max_len - max_tokens) if rng.random() < 0.2 else rng.randint(10, 120)
+        max_tokens = rng.randint(min(8, max_len // 2), min(64, max_len // 2))
+        room = max_len - max_tokens  # prompt tokens that still fit one sequence (a tiny cache: few)
+        target = rng.randint(min(150, room), room) if rng.random() < 0.2 else rng.randint(10, 120)
         words: list[str] = []
         while len(" ".join(words)) < target:
             words.append(rng.choice(_WORDS))
@@ -55,19 +75,21 @@ def make_workload(n: int, seed: int, max_len: int) -> list[DemoRequest]:
 
 
 def run(args: argparse.Namespace) -> int:
+    need_torch("demo")
+    console, Progress = _rich("demo")
+    problem = check_device(args.device)
+    if problem is not None:
+        raise SystemExit(f"otel-llm demo: {problem}")
+
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-    from rich.console import Console
-    from rich.progress import Progress
 
     import otel_llm
     from otel_llm.commands.summary import summary_table
-    from otel_llm.commands.view import axis_width, render_waterfall
+    from otel_llm.commands.view import emit, render_lines, terminal_width
     from otel_llm.engine import EngineConfig, LLMEngine, ModelConfig
     from otel_llm.waterfall import from_readable_spans, group_requests, pick_request
 
-    if args.requests < 1:
-        raise SystemExit("otel-llm demo: --requests must be >= 1")
     if args.device == "cpu":
         import torch
 
@@ -80,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
         step_spans=args.step_spans,
     )
-    telemetry = otel_llm.configure(service_name="otel-llm-demo", output_dir=args.output_dir, set_global=False)
+    telemetry = configure_run("demo", args.output_dir)
     spans = InMemorySpanExporter()
     if hasattr(telemetry.tracer_provider, "add_span_processor"):  # absent when OTEL_SDK_DISABLED=true
         telemetry.tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
@@ -97,9 +119,8 @@ def run(args: argparse.Namespace) -> int:
     )
     workload = make_workload(args.requests, args.seed, min(config.kv_capacity, 400))
     token_ts: dict[str, list[float]] = {}
-    console = Console()
     started = time.monotonic()
-    with Progress(console=Console(stderr=True), transient=True) as progress:
+    with Progress(console=console(stderr=True), transient=True) as progress:
         bar = progress.add_task("serving", total=len(workload))
         step, nxt = 0, 0
         while nxt < len(workload) or engine.has_unfinished():
@@ -115,15 +136,32 @@ def run(args: argparse.Namespace) -> int:
                     progress.advance(bar)
             step += 1
     elapsed = time.monotonic() - started
-    tracker.force_flush()
-    telemetry.force_flush()
+    # The summary reads the in-memory copy of the spans, so nothing waits on the exporters before it.
+    out = console(soft_wrap=True)
     requests = group_requests(from_readable_spans(spans.get_finished_spans()))
-    console.print(summary_table(requests, token_ts, engine.num_preemptions, step, elapsed))
+    out.print(summary_table(requests, token_ts, engine.num_preemptions, step, elapsed))
     if requests:
-        console.print(render_waterfall(pick_request(requests), width=axis_width(console)))
-    if telemetry.output_dir is not None:
-        console.print(
-            f"traces and metrics: {telemetry.output_dir}  (otel-llm view {telemetry.output_dir}/traces.jsonl)"
-        )
-    telemetry.shutdown()
+        emit(render_lines(pick_request(requests), width=terminal_width()), file=out.file)
+    # One bounded step flushes and stops both providers (OTEL_LLM_SHUTDOWN_TIMEOUT, + 1 s at most).
+    exported = telemetry.shutdown()
+    for line in destinations():
+        out.print(line + ("" if exported or "OTLP" not in line else "  (not all delivered in time)"))
+    files = written_files(telemetry)
+    for path in files:
+        out.print(f"{path.stem}: {path}")
+    traces = [p for p in files if p.name == "traces.jsonl"]
+    if traces:
+        out.print(f"view a request: otel-llm view {traces[0]}")
     return 0
+
+
+def _rich(command: str) -> tuple[type, type]:
+    """rich's Console and Progress, or exit with the install line (rich comes with the torch extra)."""
+    try:
+        from rich.console import Console
+        from rich.progress import Progress
+    except ImportError:
+        raise SystemExit(
+            f"otel-llm {command} prints with rich: pip install 'otel-llm[torch]' (or pip install rich)"
+        ) from None
+    return Console, Progress

@@ -8,22 +8,64 @@ the ``llm.request`` span in their own trace; every answer names its trace in ``x
 from __future__ import annotations
 
 import argparse
+import sys
+
+from otel_llm.commands._common import (
+    check_device,
+    configure_run,
+    destinations,
+    need_torch,
+    positive_int,
+    tcp_port,
+    written_files,
+)
+
+# How long a stopping server lets open connections finish before it closes them; then telemetry gets its
+# own bounded flush. 5 + OTEL_LLM_SHUTDOWN_TIMEOUT (5) + 1 s stays well inside Kubernetes' 30 s grace.
+DEFAULT_GRACEFUL_TIMEOUT_S = 5.0
+# A request body that has not fully arrived after this long is answered 408 (a client stalled mid-body).
+DEFAULT_BODY_TIMEOUT_S = 30.0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("serve", help="serve the reference engine over an OpenAI-compatible HTTP API")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 picks a free one)")
-    p.add_argument("--kv-blocks", type=int, default=64, help="KV cache blocks of 16 tokens (default 64)")
+    p.add_argument("--port", type=tcp_port, default=8000, help="TCP port (default 8000; 0 picks a free one)")
+    p.add_argument(
+        "--kv-blocks", type=positive_int, default=64, help="KV cache blocks of 16 tokens (default 64)"
+    )
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     p.add_argument("--model-name", default="otel-llm-tiny", help="the model name clients must ask for")
     p.add_argument("--seed", type=int, default=0, help="seed of the model weights")
     p.add_argument("--step-spans", action="store_true", help="also emit one llm.engine.step span per step")
     p.add_argument("--log-level", default="info", help="uvicorn log level (default info)")
+    p.add_argument(
+        "--output-dir",
+        default=None,
+        help="folder under which this run's OTLP JSON files go, in a new <serve-time-pid> folder "
+        "(no endpoint set; default ./otel-llm-output)",
+    )
+    p.add_argument(
+        "--graceful-timeout",
+        type=float,
+        default=DEFAULT_GRACEFUL_TIMEOUT_S,
+        help=f"seconds open connections get to finish on shutdown (default {DEFAULT_GRACEFUL_TIMEOUT_S:g})",
+    )
+    p.add_argument(
+        "--body-timeout",
+        type=float,
+        default=DEFAULT_BODY_TIMEOUT_S,
+        help=f"seconds a request body may take to arrive, else 408 (default {DEFAULT_BODY_TIMEOUT_S:g})",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    for name in ("graceful_timeout", "body_timeout"):
+        if not getattr(args, name) > 0:
+            option = "--" + name.replace("_", "-")
+            raise SystemExit(f"otel-llm serve: {option} must be a positive number of seconds")
+    need_torch("serve")
     try:
         import uvicorn
 
@@ -32,6 +74,9 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(
             f"otel-llm serve needs fastapi and uvicorn: pip install 'otel-llm[serve]' ({exc})"
         ) from None
+    problem = check_device(args.device)
+    if problem is not None:
+        raise SystemExit(f"otel-llm serve: {problem}")
 
     import otel_llm
     from otel_llm.engine import EngineConfig, LLMEngine, ModelConfig
@@ -42,7 +87,11 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
         step_spans=args.step_spans,
     )
-    telemetry = otel_llm.configure(service_name="otel-llm-serve")
+    telemetry = configure_run("serve", args.output_dir)
+    for line in destinations():
+        print(f"otel-llm serve: {line}", file=sys.stderr, flush=True)
+    if telemetry.output_dir is not None:
+        print(f"otel-llm serve: files: {telemetry.output_dir}", file=sys.stderr, flush=True)
     tracker = otel_llm.RequestTracker(
         tracer_provider=telemetry.tracer_provider,
         meter_provider=telemetry.meter_provider,
@@ -54,20 +103,30 @@ def run(args: argparse.Namespace) -> int:
         tracer_provider=telemetry.tracer_provider,
         meter_provider=telemetry.meter_provider,
     )
-    flushed = False
+    stopped = False
 
-    def flush() -> None:
-        nonlocal flushed
-        if not flushed:
-            flushed = True
-            tracker.force_flush()
+    def stop_telemetry() -> None:
+        # One bounded step flushes and stops both providers (OTEL_LLM_SHUTDOWN_TIMEOUT, + 1 s at most).
+        nonlocal stopped
+        if not stopped:
+            stopped = True
             telemetry.shutdown()
+            for path in written_files(telemetry):
+                print(f"otel-llm serve: wrote {path}", file=sys.stderr, flush=True)
 
-    # The app flushes on its way down: after SIGTERM uvicorn re-raises the signal and ends the process
-    # before uvicorn.run() returns; the ``finally`` covers a server that never started.
-    app = create_app(engine, model=args.model_name, on_shutdown=flush)
+    # The app stops telemetry on its way down: after SIGTERM uvicorn re-raises the signal and ends the
+    # process before uvicorn.run() returns; the ``finally`` covers a server that never started.
+    app = create_app(
+        engine, model=args.model_name, on_shutdown=stop_telemetry, body_timeout_s=args.body_timeout
+    )
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+        uvicorn.run(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            timeout_graceful_shutdown=args.graceful_timeout,
+        )
     finally:
-        flush()
+        stop_telemetry()
     return 0

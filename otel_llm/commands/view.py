@@ -1,55 +1,247 @@
-"""``otel-llm view FILE``: a terminal waterfall of one request from an OTLP JSON traces file."""
+"""``otel-llm view FILE``: a terminal waterfall of one request from an OTLP JSON traces file.
+
+The time axis adapts its unit (µs, ms, s, min) to what it shows, every span with a duration gets at
+least one cell, and lines are laid out to the terminal's width (60 columns or more), so bars never
+collapse. ``--phase`` zooms on one phase (e.g. ``queue``, ``decode``) and ``--window`` on a stretch of
+time; spans outside the window show ``‹`` / ``›`` at the edge they lie beyond. Output is coloured with
+rich when it is installed and plain otherwise (every span has its own glyph, so colour is never needed).
+"""
 
 from __future__ import annotations
 
 import argparse
-
-from rich.console import Console, Group
-from rich.table import Table
-from rich.text import Text
+import re
+import shutil
+import sys
+from collections.abc import Sequence
 
 from otel_llm import semconv as sc
 from otel_llm.waterfall import RequestTrace, SpanRecord, group_requests, load_otlp_json, pick_request
 
-# Bar glyph and colour per span; a preempted interval shows as a gap in its phase's bar.
-_STYLE = {
-    sc.SPAN_REQUEST: ("█", "bright_white"),
-    sc.SPAN_QUEUE: ("█", "yellow"),
-    sc.SPAN_PREFILL: ("█", "cyan"),
+MIN_WIDTH = 60
+# Glyph and colour per span name; distinct glyphs so the waterfall reads without colour too.
+STYLES: dict[str, tuple[str, str]] = {
+    sc.SPAN_REQUEST: ("═", "bright_white"),
+    sc.SPAN_ADMISSION: ("╌", "blue"),
+    sc.SPAN_QUEUE: ("▒", "yellow"),
+    sc.SPAN_PREFILL: ("▓", "cyan"),
     sc.SPAN_DECODE: ("█", "green"),
     sc.SPAN_PREEMPTED: ("░", "red"),
-    sc.SPAN_RECOMPUTE: ("█", "magenta"),
+    sc.SPAN_RECOMPUTE: ("▚", "magenta"),
 }
-_GAP = ("·", "red")
+GAP = ("·", "red")  # the time a prefill or decode phase spent evicted
+OTHER = ("─", "white")
+LEGEND = (
+    (sc.SPAN_REQUEST, "request"),
+    (sc.SPAN_ADMISSION, "admission"),
+    (sc.SPAN_QUEUE, "queue"),
+    (sc.SPAN_PREFILL, "prefill"),
+    (sc.SPAN_DECODE, "decode"),
+    (sc.SPAN_PREEMPTED, "evicted"),
+    (sc.SPAN_RECOMPUTE, "recompute"),
+)
+Segment = tuple[str, str | None]  # text and its rich style (None: plain)
+Line = list[Segment]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("view", help="print the waterfall of one request from an OTLP JSON traces file")
-    p.add_argument("file", help="OTLP JSON lines traces file (e.g. otel-llm-output/traces.jsonl)")
+    p.add_argument("file", help="OTLP JSON lines traces file (e.g. one a demo or serve run printed)")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--request", metavar="ID", help="the request id (llm.request.id); latest if repeated")
+    which.add_argument("--trace-id", metavar="HEX", help="the trace id (32 hex digits, e.g. an x-trace-id)")
     which.add_argument("--slowest", action="store_true", help="the request with the longest duration")
+    zoom = p.add_mutually_exclusive_group()
+    zoom.add_argument(
+        "--phase", help="zoom on one phase: admission, queue, prefill, decode, preempted, recompute"
+    )
+    zoom.add_argument(
+        "--window",
+        metavar="FROM:TO",
+        help="zoom on a stretch from the request's start, e.g. 0:2s, 150ms:300ms, 1m:2m (bare numbers: s)",
+    )
     p.add_argument(
-        "--width", type=int, default=None, help="columns of the time axis (default: fit the terminal)"
+        "--width",
+        type=int,
+        default=None,
+        help=f"columns of the output (default: the terminal's; >= {MIN_WIDTH})",
     )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    console = Console()
     try:
         requests = group_requests(load_otlp_json(args.file))
-        trace = pick_request(requests, request_id=args.request, slowest=args.slowest)
+        trace = pick_request(requests, request_id=args.request, slowest=args.slowest, trace_id=args.trace_id)
+        window = zoom_window(trace, args.phase, args.window)
     except (OSError, ValueError) as exc:
-        Console(stderr=True).print(f"[red]otel-llm view:[/red] {exc}")
+        print(f"otel-llm view: {exc}", file=sys.stderr)
         return 2
-    console.print(render_waterfall(trace, width=args.width or axis_width(console)))
+    width = args.width if args.width is not None else terminal_width()
+    if width < MIN_WIDTH:
+        print(f"otel-llm view: --width {width} is too narrow; pass {MIN_WIDTH} or more", file=sys.stderr)
+        return 2
+    emit(render_lines(trace, width, window))
     return 0
 
 
-def axis_width(console: Console) -> int:
-    """Columns left for the time axis once the span, start and duration columns are drawn."""
-    return max(20, console.width - 40)
+def terminal_width() -> int:
+    """The terminal's columns (COLUMNS wins), at least MIN_WIDTH; 100 when not a terminal."""
+    columns = shutil.get_terminal_size((100, 24)).columns
+    return max(MIN_WIDTH, columns)
+
+
+def emit(lines: Sequence[Line], file: object = None) -> None:
+    """Print ``lines``: with rich's colours when rich is installed, else as plain text. Never wraps."""
+    try:
+        from rich.console import Console
+        from rich.text import Text
+    except ImportError:
+        out = file if file is not None else sys.stdout
+        for line in lines:
+            print("".join(text for text, _ in line), file=out)  # type: ignore[arg-type]
+        return
+    console = Console(file=file, soft_wrap=True)  # type: ignore[arg-type]
+    for line in lines:
+        console.print(Text.assemble(*[(t, s or "") for t, s in line]))
+
+
+# --- time ------------------------------------------------------------------------------------------
+
+_UNITS = (("µs", 1e-6), ("ms", 1e-3), ("s", 1.0), ("min", 60.0))
+
+
+def fmt_duration(seconds: float) -> str:
+    """At most 8 characters, in the unit that fits: 850 µs, 12.3 ms, 35.9 s, 12.5 min."""
+    if seconds < 0:
+        return "-" + fmt_duration(-seconds)
+    if seconds == 0:
+        return "0"
+    if seconds < 1e-3:
+        value, unit = seconds * 1e6, "µs"
+    elif seconds < 1:
+        value, unit = seconds * 1e3, "ms"
+    elif seconds < 100:
+        value, unit = seconds, "s"
+    else:
+        value, unit = seconds / 60, "min"
+    return f"{value:.3g} {unit}" if value < 100 else f"{value:.0f} {unit}"
+
+
+_SPAN_OF_TIME = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(us|µs|ms|s|m|min)?\s*$")
+
+
+def parse_time(text: str) -> float:
+    """``150ms`` / ``2s`` / ``1.5m`` / ``300us`` / ``2`` (seconds) -> seconds."""
+    match = _SPAN_OF_TIME.match(text)
+    if match is None:
+        raise ValueError(f"{text!r} is not a time: write e.g. 150ms, 2s, 1.5m or 300us")
+    scale = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, None: 1.0}[match.group(2)]
+    return float(match.group(1)) * scale
+
+
+def zoom_window(trace: RequestTrace, phase: str | None, window: str | None) -> tuple[int, int] | None:
+    """The (start, end) epoch nanoseconds to draw, or None for the whole request."""
+    root = trace.root
+    if phase is not None:
+        name = phase if phase.startswith("llm.") else f"llm.{phase}"
+        spans = [s for s in trace.spans if s.name == name]
+        if not spans:
+            present = sorted({s.name.removeprefix("llm.") for s in trace.spans})
+            raise ValueError(f"request {trace.request_id} has no {name} span; it has {', '.join(present)}")
+        return min(s.start_ns for s in spans), max(s.end_ns for s in spans)
+    if window is not None:
+        start, sep, end = window.partition(":")
+        if not sep:
+            raise ValueError(f"--window {window!r}: write FROM:TO, e.g. 0:2s or 150ms:300ms")
+        t0 = root.start_ns + int(parse_time(start) * 1e9) if start.strip() else root.start_ns
+        t1 = root.start_ns + int(parse_time(end) * 1e9) if end.strip() else root.end_ns
+        if t1 <= t0:
+            raise ValueError(f"--window {window!r}: the end must come after the start")
+        return t0, t1
+    return None
+
+
+# --- layout ----------------------------------------------------------------------------------------
+
+
+def _tree(trace: RequestTrace) -> list[tuple[int, SpanRecord]]:
+    rows: list[tuple[int, SpanRecord]] = []
+
+    def walk(span: SpanRecord, depth: int) -> None:
+        rows.append((depth, span))
+        for child in sorted(trace.children(span), key=lambda s: s.start_ns):
+            walk(child, depth + 1)
+
+    walk(trace.root, 0)
+    return rows
+
+
+def _bar(span: SpanRecord, trace: RequestTrace, t0: int, t1: int, cols: int) -> Line:
+    """The span's cells on [t0, t1] in ``cols`` columns; any span overlapping it gets a cell or more."""
+    ns_per_col = max(1, t1 - t0) / cols
+
+    def col(ns: int) -> int:
+        return min(cols - 1, max(0, int((ns - t0) / ns_per_col)))
+
+    glyph, style = STYLES.get(span.name, OTHER)
+    cells: list[Segment] = [(" ", None)] * cols
+    if span.end_ns < t0 or (span.end_ns == t0 and span.start_ns < t0):  # ends where the window starts
+        cells[0] = ("‹", "dim")
+    elif span.start_ns > t1 or (span.start_ns == t1 and span.end_ns > t1):
+        cells[-1] = ("›", "dim")
+    else:
+        last = col(max(span.start_ns, span.end_ns - 1))
+        for c in range(col(span.start_ns), last + 1):
+            cells[c] = (glyph, style)
+        if span.name in (sc.SPAN_PREFILL, sc.SPAN_DECODE):  # punch out the time the request was evicted
+            for child in trace.children(span):
+                if child.name == sc.SPAN_PREEMPTED and child.end_ns >= t0 and child.start_ns <= t1:
+                    for c in range(col(child.start_ns), col(max(child.start_ns, child.end_ns - 1)) + 1):
+                        cells[c] = GAP
+    merged: Line = []
+    for text, st in cells:
+        if merged and merged[-1][1] == st:
+            merged[-1] = (merged[-1][0] + text, st)
+        else:
+            merged.append((text, st))
+    return merged
+
+
+def render_lines(trace: RequestTrace, width: int = 100, window: tuple[int, int] | None = None) -> list[Line]:
+    """The waterfall of ``trace`` in lines of at most ``width`` columns (>= MIN_WIDTH), then its numbers."""
+    width = max(MIN_WIDTH, width)
+    root = trace.root
+    t0, t1 = window if window is not None else (root.start_ns, root.end_ns)
+    t1 = max(t1, t0 + 1)
+    rows = _tree(trace)
+    labels = ["  " * depth + span.name for depth, span in rows]
+    name_w = min(max(len(label) for label in labels), 24)
+    time_w = 8
+    cols = width - name_w - 2 * (time_w + 1) - 2
+    lines: list[Line] = [[(f"request {trace.request_id}  trace {root.trace_id}", "bold")]]
+    left, right = fmt_duration((t0 - root.start_ns) / 1e9), fmt_duration((t1 - root.start_ns) / 1e9)
+    axis = left + " " * max(1, cols - len(left) - len(right)) + right
+    header = f"{'span':<{name_w}} {'start':>{time_w}} {'duration':>{time_w}}  "
+    lines.append([(header, "bold"), (axis, "bold")])
+    for label, (_, span) in zip(labels, rows):
+        if len(label) > name_w:
+            label = label[: name_w - 1] + "…"
+        start = fmt_duration((span.start_ns - root.start_ns) / 1e9)
+        lead = f"{label:<{name_w}} {start:>{time_w}} {fmt_duration(span.duration_s):>{time_w}}  "
+        lines.append([(lead, None), *_bar(span, trace, t0, t1, cols)])
+    lines.append(_numbers(trace))
+    legend: Line = []
+    for name, word in LEGEND:
+        glyph, style = STYLES[name]
+        legend += [(glyph, style), (f" {word}  ", None)]
+    legend += [(GAP[0], GAP[1]), (" evicted (gap in its phase)", None)]
+    lines.append(legend)
+    return lines
+
+
+def _time(value: object) -> str:
+    return fmt_duration(float(value)) if isinstance(value, (int, float)) else "-"
 
 
 def _covered_s(spans: list[SpanRecord]) -> float:
@@ -63,70 +255,19 @@ def _covered_s(spans: list[SpanRecord]) -> float:
     return total / 1e9
 
 
-def _bar(span: SpanRecord, trace: RequestTrace, t0: int, ns_per_col: float, width: int) -> Text:
-    def col(ns: int) -> int:
-        return min(width - 1, max(0, int((ns - t0) / ns_per_col)))
-
-    glyph, style = _STYLE.get(span.name, ("█", "white"))
-    cells = [(" ", "")] * width
-    for c in range(col(span.start_ns), col(span.end_ns) + 1):
-        cells[c] = (glyph, style)
-    if span.name in (sc.SPAN_PREFILL, sc.SPAN_DECODE):  # punch out the time the request was evicted
-        for child in trace.children(span):
-            if child.name == sc.SPAN_PREEMPTED:
-                for c in range(col(child.start_ns), col(child.end_ns) + 1):
-                    cells[c] = _GAP
-    text = Text()
-    for ch, st in cells:
-        text.append(ch, style=st)
-    return text
-
-
-def _tree(trace: RequestTrace) -> list[tuple[int, SpanRecord]]:
-    rows: list[tuple[int, SpanRecord]] = []
-
-    def walk(span: SpanRecord, depth: int) -> None:
-        rows.append((depth, span))
-        for child in trace.children(span):
-            walk(child, depth + 1)
-
-    walk(trace.root, 0)
-    return rows
-
-
-def _ms(seconds: object) -> str:
-    return f"{seconds * 1000:.1f} ms" if isinstance(seconds, (int, float)) else "-"
-
-
-def render_waterfall(trace: RequestTrace, width: int = 40) -> Group:
-    """A table of the request's spans on one time axis, then its key numbers."""
-    root = trace.root
-    t0, span_ns = root.start_ns, max(1, root.end_ns - root.start_ns)
-    ns_per_col = span_ns / width
-    table = Table(title=f"request {trace.request_id}", title_justify="left", box=None, pad_edge=False)
-    table.add_column("span", no_wrap=True, min_width=17)
-    table.add_column("start ms", justify="right", no_wrap=True, min_width=8)
-    table.add_column("duration", justify="right", no_wrap=True, min_width=9)
-    table.add_column(f"0 … {span_ns / 1e6:.1f} ms", no_wrap=True)
-    for depth, span in _tree(trace):
-        table.add_row(
-            "  " * depth + span.name,
-            f"{(span.start_ns - t0) / 1e6:.1f}",
-            f"{span.duration_s * 1000:.1f} ms",
-            _bar(span, trace, t0, ns_per_col, width),
-        )
-    a = root.attributes
+def _numbers(trace: RequestTrace) -> Line:
+    a = trace.root.attributes
     preempted = [s for s in trace.spans if s.name == sc.SPAN_PREEMPTED]
     recompute = [s for s in trace.spans if s.name == sc.SPAN_RECOMPUTE]
     facts = [
-        ("TTFT", _ms(a.get(sc.LLM_LATENCY_TTFT))),
-        ("queue", _ms(a.get(sc.LLM_LATENCY_QUEUE))),
-        ("prefill", _ms(a.get(sc.LLM_LATENCY_PREFILL))),
-        ("decode", _ms(a.get(sc.LLM_LATENCY_DECODE))),
-        ("e2e", _ms(a.get(sc.LLM_LATENCY_E2E, root.duration_s))),
+        ("TTFT", _time(a.get(sc.LLM_LATENCY_TTFT))),
+        ("queue", _time(a.get(sc.LLM_LATENCY_QUEUE))),
+        ("prefill", _time(a.get(sc.LLM_LATENCY_PREFILL))),
+        ("decode", _time(a.get(sc.LLM_LATENCY_DECODE))),
+        ("e2e", _time(a.get(sc.LLM_LATENCY_E2E, trace.root.duration_s))),
         ("preemptions", str(trace.preemptions)),
-        ("evicted for", _ms(_covered_s(preempted)) if preempted else "-"),
-        ("recomputing", _ms(_covered_s(recompute)) if recompute else "-"),
+        ("evicted for", _time(_covered_s(preempted)) if preempted else "-"),
+        ("recomputing", _time(_covered_s(recompute)) if recompute else "-"),
         (
             "tokens in/out",
             f"{a.get(sc.GEN_AI_USAGE_INPUT_TOKENS, '-')}/{a.get(sc.GEN_AI_USAGE_OUTPUT_TOKENS, '-')}",
@@ -135,17 +276,4 @@ def render_waterfall(trace: RequestTrace, width: int = 40) -> Group:
     ]
     if trace.steps:
         facts.append(("engine steps", str(trace.steps)))
-    numbers = Text("  ".join(f"{k}: {v}" for k, v in facts), style="bold")
-    legend = Text.assemble(
-        ("█", "cyan"),
-        " prefill  ",
-        ("█", "green"),
-        " decode  ",
-        ("░", "red"),
-        " evicted  ",
-        ("·", "red"),
-        " gap  ",
-        ("█", "magenta"),
-        " recompute",
-    )
-    return Group(table, numbers, legend)
+    return [("  ".join(f"{k}: {v}" for k, v in facts), "bold")]

@@ -129,7 +129,8 @@ class AsyncLLMEngine:
         """Queue a request in the engine and return its stream once it is queued.
 
         ``arrival_ts`` (``time.monotonic()`` seconds) is when the request arrived, e.g. when its HTTP
-        request came in; omitted, it is now. Waiting here for a running step to end is queue time.
+        request came in; omitted, it is now. Waiting here for a running step to end is admission (the
+        llm.admission span, arrival to queued), not queue time: the engine has not queued the request yet.
         Raises ValueError for a request the engine could never run, or an id already in use.
         """
         arrival_ts = time.monotonic() if arrival_ts is None else arrival_ts

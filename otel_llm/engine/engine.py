@@ -35,6 +35,17 @@ class RequestOutput:
     ts: float
 
 
+class RequestTooLong(ValueError):
+    """A prompt plus its output limit that no sequence of this engine can hold (counts in tokens)."""
+
+    def __init__(self, prompt_tokens: int, max_tokens: int, limit: int) -> None:
+        super().__init__(
+            f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) exceeds the {limit} tokens "
+            "one sequence may hold (KV cache slots, model positions); raise num_kv_blocks or shorten it"
+        )
+        self.prompt_tokens, self.max_tokens, self.limit = prompt_tokens, max_tokens, limit
+
+
 class LLMEngine:
     """A continuous-batching engine over a paged KV cache, with recompute preemption.
 
@@ -96,10 +107,7 @@ class LLMEngine:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         limit = min(self.config.kv_capacity, self.config.model.max_position)
         if len(token_ids) + max_tokens > limit:
-            raise ValueError(
-                f"prompt ({len(token_ids)} tokens) + max_tokens ({max_tokens}) exceeds the {limit} tokens "
-                "one sequence may hold (KV cache slots, model positions); raise num_kv_blocks or shorten it"
-            )
+            raise RequestTooLong(len(token_ids), max_tokens, limit)
         return token_ids
 
     def abort_request(self, request_id: str) -> bool:

@@ -24,25 +24,33 @@ from pydantic import ValidationError
 from otel_llm import semconv as sc
 from otel_llm.engine import AsyncLLMEngine, LLMEngine
 from otel_llm.engine.async_engine import RequestStream
+from otel_llm.engine.engine import RequestTooLong
 from otel_llm.server import errors, protocol
 from otel_llm.server.streaming import DONE, ClientGone, EventStream, sse, unless_disconnected
 
 TRACE_HEADERS = ("traceparent", "tracestate")  # W3C Trace Context, read from the caller
 HEADER_REQUEST_ID = "x-request-id"
 HEADER_TRACE_ID = "x-trace-id"
+DEFAULT_BODY_TIMEOUT_S = 30.0
 CLIENT_CLOSED = 499  # nginx's status for "client closed request"; nobody receives it
 
 
 def create_app(
-    engine: LLMEngine, model: str = "otel-llm-tiny", on_shutdown: Callable[[], object] | None = None
+    engine: LLMEngine,
+    model: str = "otel-llm-tiny",
+    on_shutdown: Callable[[], object] | None = None,
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
 ) -> FastAPI:
     """A FastAPI app serving ``engine`` under the model name ``model``.
+
+    A request whose body has not fully arrived ``body_timeout_s`` seconds after its headers is answered
+    408, so a client that stalls mid-body holds neither a handler nor a graceful shutdown for long.
 
     The engine reports to its own tracker (if any), unchanged; the app owns the engine from now on and
     stops its step loop on shutdown, then calls ``on_shutdown`` (e.g. to flush telemetry: uvicorn
     ends the process right after a SIGTERM shutdown, so code after ``uvicorn.run()`` may never run).
     """
-    server = _Server(engine, model)
+    server = _Server(engine, model, body_timeout_s)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -82,20 +90,29 @@ def create_app(
 
 
 class _Server:
-    def __init__(self, engine: LLMEngine, model: str) -> None:
+    def __init__(self, engine: LLMEngine, model: str, body_timeout_s: float) -> None:
         self.engine = AsyncLLMEngine(engine)
         self.model = model
+        self.body_timeout_s = body_timeout_s
         self.created = int(time.time())
 
     async def answer(self, request: Request, kind: type[protocol._Common], chat: bool) -> Response:
-        arrival_ts = time.monotonic()  # the request's queue time starts here, before the body is read
-        body = self._parse(await request.body(), kind)
+        # Arrival (A): reading and checking the body, tokenizing and queueing are the llm.admission span.
+        arrival_ts = time.monotonic()
+        try:
+            raw = await asyncio.wait_for(request.body(), self.body_timeout_s)
+        except asyncio.TimeoutError:
+            raise errors.ApiError(
+                408, f"the request body did not arrive within {self.body_timeout_s:g} s", code="timeout"
+            ) from None
+        body = self._parse(raw, kind)
         prompt, max_tokens = body.engine_prompt(), body.output_limit()
         try:
             token_ids = self.engine.engine.validate_request(prompt, max_tokens)
+        except RequestTooLong as exc:
+            raise _too_long(exc, chat) from None
         except ValueError as exc:
-            param = "max_tokens" if "max_tokens" in str(exc) else ("messages" if chat else "prompt")
-            raise errors.ApiError(400, str(exc), param=param) from None
+            raise errors.ApiError(400, str(exc), param="messages" if chat else "prompt") from None
         carrier = {name: request.headers[name] for name in TRACE_HEADERS if name in request.headers}
         submit = functools.partial(
             self.engine.submit,
@@ -211,6 +228,26 @@ async def _queued(submission: Awaitable[RequestStream]) -> RequestStream:
         return await submission
     except Exception as exc:
         raise _engine_failed(exc) from exc
+
+
+def _too_long(exc: RequestTooLong, chat: bool) -> errors.ApiError:
+    """Blame the prompt when it alone fills a sequence, else max_tokens; name the server's own option."""
+    room = f"this server holds at most {exc.limit} tokens per sequence, prompt and output together"
+    if exc.prompt_tokens >= exc.limit:
+        return errors.ApiError(
+            400,
+            f"the prompt is {exc.prompt_tokens} tokens; {room} (shorten the prompt, or start the server "
+            "with more --kv-blocks)",
+            param="messages" if chat else "prompt",
+            code="context_length_exceeded",
+        )
+    return errors.ApiError(
+        400,
+        f"max_tokens ({exc.max_tokens}) leaves no room: the prompt is {exc.prompt_tokens} tokens and {room}; "
+        f"ask for at most {exc.limit - exc.prompt_tokens} tokens",
+        param="max_tokens",
+        code="context_length_exceeded",
+    )
 
 
 def _engine_failed(exc: Exception) -> errors.ApiError:

@@ -45,7 +45,9 @@ def parse_json(raw: bytes) -> Any:
     """The request body as JSON, or a 400 that says where it broke."""
     try:
         return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except RecursionError:
+        raise ApiError(400, "request body is nested too deeply", code="invalid_json") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer past Python's digit limit
         raise ApiError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
 
 
@@ -56,6 +58,8 @@ def from_validation(exc: ValidationError | RequestValidationError, data: Any = N
     param = ".".join(_field_path(data, [p for p in first.get("loc", ()) if p != "body"], kind)) or None
     code = "missing_required_parameter" if kind == "missing" else "invalid_value"
     message = first.get("msg", "invalid request")
+    if kind == "value_error":  # pydantic prefixes a validator's own message with "Value error, "
+        message = message.removeprefix("Value error, ")
     return ApiError(400, f"{param}: {message}" if param else message, param=param, code=code)
 
 

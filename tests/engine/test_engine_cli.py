@@ -9,9 +9,10 @@ import sys
 from pathlib import Path
 
 
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def _cli(*args: str, cwd: Path, **extra_env: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}  # no endpoint: the file default
     env["COLUMNS"] = "120"
+    env.update(extra_env)
     return subprocess.run(
         [sys.executable, "-m", "otel_llm.cli", *args],
         cwd=cwd,
@@ -25,7 +26,9 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 def test_demo_writes_otlp_json_and_view_draws_the_preempted_request(tmp_path: Path) -> None:
     demo = _cli("demo", "--requests", "10", "--kv-blocks", "12", "--output-dir", "out", cwd=tmp_path)
     assert demo.returncode == 0, demo.stderr
-    traces, metrics = tmp_path / "out" / "traces.jsonl", tmp_path / "out" / "metrics.jsonl"
+    (run_dir,) = (tmp_path / "out").iterdir()  # this run's own folder
+    traces, metrics = run_dir / "traces.jsonl", run_dir / "metrics.jsonl"
+    assert f"otel-llm view {traces}" in demo.stdout  # the printed path is the file this run wrote
     assert metrics.stat().st_size > 0
 
     # Read the file independently of otel_llm's reader: request spans and their preemption counts.
@@ -58,3 +61,35 @@ def test_demo_writes_otlp_json_and_view_draws_the_preempted_request(tmp_path: Pa
 
     missing = _cli("view", str(traces), "--request", "no-such-request", cwd=tmp_path)
     assert missing.returncode == 2 and "no-such-request" in missing.stderr
+
+
+def test_each_run_writes_its_own_files_and_prints_only_what_it_wrote(tmp_path: Path) -> None:
+    first = _cli("demo", "--requests", "2", cwd=tmp_path)
+    second = _cli("demo", "--requests", "2", cwd=tmp_path)
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    printed = [
+        Path(line.split("otel-llm view ")[1].strip())
+        for out in (first.stdout, second.stdout)
+        for line in out.splitlines()
+        if "otel-llm view " in line
+    ]
+    assert len(printed) == 2 and printed[0] != printed[1]
+    for path in printed:  # each file holds one run: request ids do not repeat within it
+        ids = [
+            s["attributes"]
+            for line in path.read_text().splitlines()
+            for rs in json.loads(line)["resourceSpans"]
+            for ss in rs["scopeSpans"]
+            for s in ss["spans"]
+            if s["name"] == "llm.request"
+        ]
+        assert len(ids) == 2
+    env_none = _cli("demo", "--requests", "2", cwd=tmp_path, OTEL_TRACES_EXPORTER="none")
+    assert env_none.returncode == 0, env_none.stderr
+    assert "traces.jsonl" not in env_none.stdout and "traces: not exported" in env_none.stdout
+    assert "metrics: " in env_none.stdout  # the metrics file it did write
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where a folder should be")
+    unwritable = _cli("demo", "--requests", "2", "--output-dir", str(blocked), cwd=tmp_path)
+    assert unwritable.returncode == 0, unwritable.stderr
+    assert str(blocked) not in unwritable.stdout and "Traceback" not in unwritable.stdout

@@ -127,3 +127,44 @@ def test_unknown_route_and_method_keep_the_error_shape(served: Served) -> None:
             assert set(body["error"]) == {"message", "type", "param", "code"}
     finally:
         conn.close()
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        # An integer past Python's int-from-string digit limit (4,300 digits).
+        b'{"model": "' + MODEL.encode() + b'", "prompt": "x", "max_tokens": ' + b"9" * 5000 + b"}",
+        b"[" * 2000 + b"]" * 2000,  # nesting past the JSON parser's recursion limit
+        b'{"model": "' + MODEL.encode() + b'", "prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+    ],
+    ids=["huge-int", "deep-array", "deep-field"],
+)
+def test_pathological_json_is_a_400_not_a_500(served: Served, raw: bytes) -> None:
+    status, body = post(served, "/v1/completions", raw)
+    assert status == 400
+    assert_openai_error(body, None)
+    assert body["error"]["code"] == "invalid_json"
+
+
+def test_a_prompt_too_long_is_blamed_on_the_prompt_with_the_servers_option(served: Served) -> None:
+    status, body = post(
+        served, "/v1/completions", json.dumps({"model": MODEL, "prompt": "x" * 100, "max_tokens": 1}).encode()
+    )
+    assert status == 400
+    assert_openai_error(body, "prompt")
+    message = body["error"]["message"]
+    assert "--kv-blocks" in message and "num_kv_blocks" not in message
+    status, body = post(
+        served, "/v1/completions", json.dumps({"model": MODEL, "prompt": "x" * 10, "max_tokens": 60}).encode()
+    )
+    assert_openai_error(body, "max_tokens")
+    assert "at most 54 tokens" in body["error"]["message"]
+
+
+def test_a_validator_message_has_no_pydantic_prefix(served: Served) -> None:
+    raw = json.dumps({"model": MODEL, "prompt": "x", "stop": "END"}).encode()
+    status, body = post(served, "/v1/completions", raw)
+    assert status == 400
+    assert_openai_error(body, "stop")
+    assert not body["error"]["message"].startswith("stop: Value error"), body["error"]["message"]
+    assert "Value error," not in body["error"]["message"]

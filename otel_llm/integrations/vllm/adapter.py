@@ -59,9 +59,10 @@ def prompt_length(request: Any) -> int | None:
 class _Pending:
     """A request registered with the frontend whose QUEUED event has not arrived yet."""
 
-    __slots__ = ("arrival", "carrier", "prompt_tokens")
+    __slots__ = ("added", "arrival", "carrier", "prompt_tokens")
 
     def __init__(self, arrival: float | None, prompt_tokens: int | None, carrier: Mapping[str, str] | None):
+        self.added = time.monotonic()  # when the frontend registered it (monotonic seconds)
         self.arrival = arrival  # monotonic seconds, or None when vLLM gave no arrival time
         self.prompt_tokens = prompt_tokens
         self.carrier = carrier
@@ -77,9 +78,14 @@ class VLLMAdapter:
 
     def __init__(self, tracker: Any) -> None:
         self._tracker = tracker
-        self._pending: dict[str, _Pending] = {}
+        self._pending: dict[str, _Pending] = {}  # insertion order: oldest first
         self._live: set[str] = set()  # queued with the tracker, not finished
         self._warned_no_events = False
+        # The tracker closes requests that never finish (max_age_s, max_in_flight); these maps follow
+        # it, so they stay bounded by the same limits.
+        self._max_age_s = float(getattr(tracker, "max_age_s", 1800.0))
+        self._max_pending = int(getattr(tracker, "max_in_flight", 65_536))
+        self._added = 0
 
     def request_added(self, request: Any) -> None:
         """Remember a new ``EngineCoreRequest``; the tracker hears of it when its QUEUED event arrives."""
@@ -91,6 +97,7 @@ class VLLMAdapter:
         headers = getattr(request, "trace_headers", None)
         carrier = dict(headers) if headers else None
         self._pending[request_id] = _Pending(arrival, prompt_length(request), carrier)
+        self._prune()
 
     def outputs(self, outputs: Iterable[Any], batch_ts: float | None) -> None:
         """Replay one batch of ``EngineCoreOutput``s: each request's events, then the batch's tokens."""
@@ -150,6 +157,25 @@ class VLLMAdapter:
             self._tracker.finished(request_id, reason=sc.REASON_ABORT, ts=now)
 
     # --- internals -----------------------------------------------------------------------------------
+
+    def _prune(self) -> None:
+        """Forget what the tracker no longer follows: requests it evicted, and registrations whose QUEUED
+        never came within the tracker's maximum age (or beyond its maximum in flight)."""
+        horizon = time.monotonic() - self._max_age_s
+        pending = self._pending
+        while pending:
+            oldest = next(iter(pending))
+            if pending[oldest].added >= horizon and len(pending) <= self._max_pending:
+                break
+            del pending[oldest]
+        tracker = self._tracker
+        self._added += 1
+        in_flight = getattr(tracker, "in_flight", None)
+        # More live here than the tracker holds: it evicted some. A tracker shared with other sources
+        # may hold more than this adapter follows, so look through the whole set now and then as well.
+        evicted = isinstance(in_flight, int) and len(self._live) > in_flight
+        if evicted or self._added % 4096 == 0:
+            self._live = {rid for rid in self._live if rid in tracker}
 
     def _replay(self, request_id: str, events: Iterable[Any]) -> None:
         # Sorted by timestamp (stable for ties): one output may hold QUEUED, SCHEDULED, PREEMPTED and

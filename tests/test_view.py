@@ -1,0 +1,169 @@
+"""``otel-llm view`` and the CLI as a new user meets it: long requests, narrow terminals, zoom, trace ids,
+the core install without rich or torch, bad values, ``--version``.
+
+Traces are written by a real tracker through otel_llm's own OTLP JSON file exporter, then read back by
+the command.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+from otel_llm import RequestTracker
+from otel_llm import semconv as sc
+from otel_llm._version import __version__
+from otel_llm.cli import main
+from otel_llm.commands.view import STYLES, fmt_duration
+from otel_llm.export.otlp_json import OtlpJsonSpanExporter
+
+T0 = 1000.0
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def long_trace(tmp_path: Path) -> tuple[Path, str]:
+    """One request of about 36 s: 0.2 s admission, 30 s queued, a preemption in decode."""
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(OtlpJsonSpanExporter(tmp_path)))
+    tracker = RequestTracker(tracer_provider=provider, model="m")
+    tracker.queued("short", ts=T0 - 1, arrival_ts=T0 - 1)
+    tracker.finished("short", ts=T0 - 0.5)
+    tracker.queued("long", ts=T0 + 0.2, arrival_ts=T0)
+    tracker.scheduled(["long"], ts=T0 + 30.2)
+    tracker.tokens(["long"], ts=T0 + 30.25)
+    tracker.preempted(["long"], ts=T0 + 31)
+    tracker.scheduled(["long"], ts=T0 + 33)
+    tracker.tokens(["long"], ts=T0 + 33.1)
+    for k in range(20):
+        tracker.tokens(["long"], ts=T0 + 33.2 + k * 0.1)
+    trace_id = tracker.traceparent("long").split("-")[1]  # type: ignore[union-attr]
+    tracker.finished("long", ts=T0 + 35.9457)
+    provider.shutdown()
+    return tmp_path / "traces.jsonl", trace_id
+
+
+def view(capsys, *args: str) -> tuple[int, str, str]:
+    rc = main(["view", *args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.mark.parametrize("width", [60, 80, 120, 200])
+def test_every_span_has_a_bar_at_any_width(capsys, long_trace, width: int) -> None:
+    path, _ = long_trace
+    rc, out, _ = view(capsys, str(path), "--request", "long", "--width", str(width))
+    assert rc == 0
+    lines = out.splitlines()
+    assert all(len(line) <= width for line in lines[:-2]), [len(x) for x in lines]
+    for name in (sc.SPAN_ADMISSION, sc.SPAN_QUEUE, sc.SPAN_PREFILL, sc.SPAN_DECODE, sc.SPAN_RECOMPUTE):
+        (row,) = [line for line in lines if line.lstrip().startswith(name + " ")]
+        assert STYLES[name][0] in row, (width, row)
+    assert "35.9 s" in out  # the axis and durations in seconds, not 35945.7 ms
+    assert "…" not in "".join(lines[2:-2])
+
+
+def test_trace_id_picks_the_request(capsys, long_trace) -> None:
+    path, trace_id = long_trace
+    rc, out, _ = view(capsys, str(path), "--trace-id", trace_id.upper(), "--width", "80")
+    assert rc == 0 and out.startswith("request long")
+    rc, _, err = view(capsys, str(path), "--trace-id", "0" * 32)
+    assert rc == 2 and "no request in trace" in err
+
+
+def test_zoom_on_a_phase_and_on_a_window(capsys, long_trace) -> None:
+    path, _ = long_trace
+    rc, out, _ = view(capsys, str(path), "--request", "long", "--phase", "decode", "--width", "80")
+    assert rc == 0
+    axis = out.splitlines()[1]
+    assert "30.2 s" in axis and "35.9 s" in axis  # decode runs from the first token to the end
+    queue_row = next(line for line in out.splitlines() if line.lstrip().startswith(sc.SPAN_QUEUE))
+    assert "‹" in queue_row  # before the window
+    rc, out, _ = view(capsys, str(path), "--request", "long", "--window", "100ms:300ms", "--width", "80")
+    assert rc == 0 and "100 ms" in out.splitlines()[1] and "300 ms" in out.splitlines()[1]
+    admission_row = next(line for line in out.splitlines() if sc.SPAN_ADMISSION in line)
+    assert admission_row.count(STYLES[sc.SPAN_ADMISSION][0]) > 20  # 0.2 s of 0.2 s shown: half the axis
+    for bad in ("--window", "5s:1s"), ("--window", "abc"), ("--phase", "nothing"), ("--width", "30"):
+        rc, _, err = view(capsys, str(path), *bad)
+        assert rc == 2 and err.startswith("otel-llm view:"), (bad, err)
+
+
+def test_legend_reads_without_colour(capsys, long_trace) -> None:
+    path, _ = long_trace
+    _, out, _ = view(capsys, str(path), "--request", "long")
+    legend = out.splitlines()[-1]
+    glyphs = [STYLES[name][0] for name in STYLES]
+    assert len(set(glyphs)) == len(glyphs)
+    for word in ("queue", "admission", "prefill", "decode", "evicted", "recompute"):
+        assert word in legend
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0.00085, "850 µs"), (0.0123, "12.3 ms"), (35.9457, "35.9 s"), (750.0, "12.5 min"), (0.25, "250 ms")],
+)
+def test_durations_pick_their_unit(seconds: float, text: str) -> None:
+    assert fmt_duration(seconds) == text
+
+
+# The core install: rich and torch are extras. A meta-path finder makes them missing for real.
+_WITHOUT = """
+import sys
+class Missing:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("rich", "torch"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, Missing())
+from otel_llm.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def cli_without_extras(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["PYTHONPATH"] = str(ROOT)
+    return subprocess.run(
+        [sys.executable, "-c", _WITHOUT, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_core_install_without_rich_or_torch(long_trace, tmp_path: Path) -> None:
+    path, _ = long_trace
+    helped = cli_without_extras("--help", cwd=tmp_path)
+    assert helped.returncode == 0 and "demo" in helped.stdout, helped.stderr
+    viewed = cli_without_extras("view", str(path), "--request", "long", "--width", "80", cwd=tmp_path)
+    assert viewed.returncode == 0, viewed.stderr
+    assert STYLES[sc.SPAN_QUEUE][0] in viewed.stdout  # plain text, same waterfall
+    for command in ("demo", "serve"):
+        done = cli_without_extras(command, cwd=tmp_path)
+        assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+        assert "pip install" in done.stderr and "torch" in done.stderr
+
+
+def test_version(capsys) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert __version__ in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["demo", "--kv-blocks", "0"], "--kv-blocks"),
+        (["demo", "--requests", "x"], "--requests"),
+        (["serve", "--port", "70000"], "--port"),
+        (["serve", "--port", "-1"], "--port"),
+    ],
+)
+def test_bad_cli_values_are_usage_errors(capsys, args: list[str], says: str) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(args)
+    assert exited.value.code == 2
+    assert says in capsys.readouterr().err
