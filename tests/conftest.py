@@ -1,8 +1,7 @@
 """Shared fixtures: a tracker wired to real SDK providers with in-memory exporters.
 
-Metrics go through a real PeriodicExportingMetricReader and otel_llm's PreAggregatedMetricExporter into
-a list (tests/metric_capture.py), so the histograms reach the test by the same path they take in
-production.
+Metrics go to the SDK's standard InMemoryMetricReader on a provider the test builds, as a user's own
+set-up would (tests/metric_capture.py): nothing of ours sits between the tracker and the reader.
 """
 
 from __future__ import annotations
