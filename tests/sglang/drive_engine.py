@@ -57,11 +57,16 @@ PROMPTS = [
 ]
 
 
-def span_json(resource: Any, span: Any) -> dict[str, Any]:
-    from google.protobuf.json_format import MessageToDict
+def value(v: Any) -> Any:
+    """A protobuf AnyValue as a plain Python value (arrays as lists)."""
+    kind = v.WhichOneof("value")
+    if kind == "array_value":
+        return [value(x) for x in v.array_value.values]
+    return getattr(v, kind) if kind else None
 
-    d = MessageToDict(span, preserving_proto_field_name=True)
-    attrs = {a["key"]: next(iter(a["value"].values())) for a in d.get("attributes", [])}
+
+def span_json(resource: Any, span: Any) -> dict[str, Any]:
+    attrs = {a.key: value(a.value) for a in span.attributes}
     return {
         "name": span.name,
         "trace_id": span.trace_id.hex(),
@@ -77,7 +82,7 @@ def span_json(resource: Any, span: Any) -> dict[str, Any]:
 
 def run(name: str, model: str) -> dict[str, Any]:
     import sglang
-
+    from google.protobuf.json_format import MessageToDict
     from otlp_receivers import HttpReceiver
 
     spec = SCENARIOS[name]
@@ -106,11 +111,10 @@ def run(name: str, model: str) -> dict[str, Any]:
             arrived = receiver.collected.wait_until(all_spans, timeout_s=30)
         finally:
             engine.shutdown()
-        metrics = []
-        for resource, metric in receiver.collected.metrics():
-            from google.protobuf.json_format import MessageToDict
-
-            metrics.append({"name": metric.name, "data": MessageToDict(metric, preserving_proto_field_name=True)})
+        metrics = [
+            {"name": metric.name, "data": MessageToDict(metric, preserving_proto_field_name=True)}
+            for _, metric in receiver.collected.metrics()
+        ]
         return {
             "overlap": overlap,
             "arrived": arrived,

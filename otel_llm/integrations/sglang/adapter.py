@@ -36,7 +36,7 @@ SAME_CLOCK = (
 )
 _PERF_TO_MONOTONIC = 0.0 if SAME_CLOCK else time.monotonic() - time.perf_counter()
 
-# Attribute the tokenizer-side hook puts on the time stats sent to the scheduler, and on the Req.
+# Attribute the tokenizer-side hook puts on the time stats that SGLang sends to the scheduler.
 CARRIED = "otel_llm"
 
 
@@ -91,7 +91,7 @@ class SGLangAdapter:
         live = self._live.get(rid)
         if live is None:
             self._live[rid] = _Live(count)
-            carried: Mapping[str, Any] = getattr(req, CARRIED, None) or {}
+            carried: Mapping[str, Any] = getattr(stats, CARRIED, None) or {}
             queued = to_monotonic(entered)
             created = carried.get("created")
             arrival = to_monotonic(created) if isinstance(created, float) and 0 < created <= entered else None

@@ -1,14 +1,15 @@
 """SGLangInstrumentor: switch the adapter on inside SGLang's processes without touching its source.
 
 Scheduler process (where requests live): wraps ``Scheduler._add_request_to_queue`` and
-``Scheduler.get_new_batch_prefill`` (after SGLang's call) and ``SchedulerOutputStreamer.stream_output``
-(before it), and ``Scheduler.on_idle``: when the scheduler has drained, what finished since the
-last flush is flushed from a background thread (SGLang ends its scheduler processes with SIGKILL, so
-anything still buffered at shutdown would be lost). Tokenizer process (SGLang's HTTP server or ``sglang.Engine``): wraps
-``TokenizerManager._init_req_state`` and ``APIServerReqTimeStats.__getstate__`` so a caller's W3C
-``traceparent`` / ``tracestate`` and the request's arrival stamp travel to the scheduler inside the
-time stats SGLang already sends; ``SchedulerReqTimeStats`` gets one class attribute so its
-``new_from_obj`` copies them. ``uninstrument()`` puts every original back.
+``Scheduler.get_new_batch_prefill`` (after SGLang's call), ``SchedulerOutputStreamer.stream_output``
+(before it) and ``Scheduler.on_idle``: once the scheduler has drained, what finished since the last
+flush is flushed from a background thread (SGLang ends its scheduler processes with SIGKILL, so
+anything still buffered at shutdown would be lost). Tokenizer process (SGLang's HTTP server or
+``sglang.Engine``): wraps ``TokenizerManager._init_req_state`` and
+``APIServerReqTimeStats.__getstate__``, so a caller's W3C ``traceparent`` / ``tracestate`` and the
+request's arrival stamp travel to the scheduler inside the time stats SGLang already sends;
+``SchedulerReqTimeStats`` gets one class attribute so that its ``new_from_obj`` copies them.
+``uninstrument()`` puts every original back.
 
 SGLang is imported only when ``instrument()`` runs and is installed; when a class or method this
 integration needs is missing, ``instrument()`` logs one warning and does nothing. A wrapper never raises
@@ -257,7 +258,8 @@ def _wrap_idle(original: Callable[..., Any]) -> Callable[..., Any]:
         adapter = SGLangInstrumentor._adapter
         if adapter is not None and adapter.unflushed and not adapter.in_flight and _flushing.acquire(False):
             adapter.unflushed = 0
-            threading.Thread(target=_flush, args=(adapter.tracker,), name="otel_llm-flush", daemon=True).start()
+            flush = threading.Thread(target=_flush, args=(adapter.tracker,), name="otel_llm", daemon=True)
+            flush.start()
         return result
 
     on_idle.__wrapped__ = original  # type: ignore[attr-defined]
