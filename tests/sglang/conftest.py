@@ -24,7 +24,8 @@ from otel_llm import semconv as sc
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 SGLANG_PYTHON = Path(os.environ.get("OTEL_LLM_SGLANG_PYTHON", REPO / ".venv-sglang" / "bin" / "python"))
-SCENARIOS = ("forced", "natural")
+SCENARIOS = ("forced", "natural")  # compared with SGLang's numbers; "traced" has its own test
+RUNS = (*SCENARIOS, "traced")
 
 needs_sglang = pytest.mark.skipif(
     not SGLANG_PYTHON.exists(),
@@ -45,7 +46,7 @@ def engine_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str,
     """Both offline scenarios, one driver process each (SGLang's Prometheus metrics allow one engine
     with metrics per process)."""
     runs = {}
-    for name in SCENARIOS:
+    for name in RUNS:
         out = tmp_path_factory.mktemp("sglang") / f"{name}.json"
         proc = subprocess.run(
             [str(SGLANG_PYTHON), str(HERE / "drive_engine.py"), str(out), name],

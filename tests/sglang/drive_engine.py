@@ -10,7 +10,8 @@ overlap scheduler.
 Scenarios (a fresh engine each: SGLang reads SGLANG_TEST_RETRACT when its scheduler process starts):
 - ``forced``: SGLANG_TEST_RETRACT=1, every 10th decode step retracts requests (deterministic);
 - ``natural``: 24 prompts x 160 tokens in a 512-token KV pool, without ignore_eos, so SGLang admits
-  more than fits and retracts when decoding runs out of room (4-8 per run, timing-dependent).
+  more than fits and retracts when decoding runs out of room (4-8 per run, timing-dependent);
+- ``traced``: SGLang's own ``enable_trace`` on too, exporting to a second (gRPC) receiver.
 """
 
 from __future__ import annotations
@@ -36,6 +37,13 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "env": {"SGLANG_TEST_RETRACT": "0", "SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS": "5"},
         "prompts": 24,
         "max_new_tokens": 160,
+    },
+    # SGLang's own tracing on as well (--enable-trace): it exports over gRPC to a second receiver.
+    "traced": {
+        "env": {"SGLANG_TEST_RETRACT": "0", "SGLANG_OTLP_EXPORTER_SCHEDULE_DELAY_MILLIS": "200"},
+        "prompts": 4,
+        "max_new_tokens": 16,
+        "enable_trace": True,
     },
 }
 ENGINE_ARGS = {
@@ -83,13 +91,16 @@ def span_json(resource: Any, span: Any) -> dict[str, Any]:
 def run(name: str, model: str) -> dict[str, Any]:
     import sglang
     from google.protobuf.json_format import MessageToDict
-    from otlp_receivers import HttpReceiver
+    from otlp_receivers import GrpcReceiver, HttpReceiver
 
     spec = SCENARIOS[name]
     os.environ.update(spec["env"])
-    with HttpReceiver() as receiver:
+    with HttpReceiver() as receiver, GrpcReceiver() as sglang_receiver:
         os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = receiver.endpoint
-        engine = sglang.Engine(model_path=model, **ENGINE_ARGS)
+        extra: dict[str, Any] = {}
+        if spec.get("enable_trace"):
+            extra = {"enable_trace": True, "otlp_traces_endpoint": sglang_receiver.endpoint.split("//")[-1]}
+        engine = sglang.Engine(model_path=model, **ENGINE_ARGS, **extra)
         try:
             prompts = [PROMPTS[i % len(PROMPTS)] + f" #{i}" for i in range(spec["prompts"])]
             params = {"max_new_tokens": spec["max_new_tokens"], "temperature": 0.0}
@@ -102,7 +113,7 @@ def run(name: str, model: str) -> dict[str, Any]:
             def all_spans(c: Any) -> bool:
                 roots = [
                     s
-                    for _, s in c.spans()
+                    for _, s in c.spans() + sglang_receiver.collected.spans()
                     if s.name == "llm.request"
                     and any(a.key == "llm.request.id" and a.value.string_value in rids for a in s.attributes)
                 ]
@@ -121,6 +132,7 @@ def run(name: str, model: str) -> dict[str, Any]:
             "seconds": took,
             "meta": [o["meta_info"] for o in outputs],
             "spans": [span_json(r, s) for r, s in receiver.collected.spans()],
+            "grpc_spans": [span_json(r, s) for r, s in sglang_receiver.collected.spans()],
             "metrics": metrics,
         }
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from otel_llm import semconv as sc
-from tests.sglang.conftest import children, metric_points, needs_sglang, roots, seconds
+from tests.sglang.conftest import SCENARIOS, children, metric_points, needs_sglang, roots, seconds
 
 pytestmark = needs_sglang
 
@@ -44,7 +44,8 @@ def children_named(run: dict[str, Any], root: dict[str, Any], name: str) -> list
 
 def test_runs_retract(engine_runs: dict[str, dict[str, Any]]) -> None:
     # Both scenarios exist to exercise retraction; without one the comparisons above prove little.
-    for name, run in engine_runs.items():
+    for name in SCENARIOS:
+        run = engine_runs[name]
         assert sum(m["num_retractions"] for m in run["meta"]) > 0, f"{name}: SGLang retracted nothing"
 
 
@@ -106,3 +107,17 @@ def test_metrics_count_what_sglang_counted(run: dict[str, Any]) -> None:
 
 def attribute(point: dict[str, Any], key: str) -> Any:
     return next(next(iter(a["value"].values())) for a in point["attributes"] if a["key"] == key)
+
+
+def test_coexists_with_sglang_enable_trace(engine_runs: dict[str, dict[str, Any]]) -> None:
+    # SGLang's --enable-trace sets the global tracer provider in each process; ours then sends through
+    # it (SGLang's gRPC endpoint) and installs no second one: one llm.request per request, nothing twice.
+    run = engine_runs["traced"]
+    assert run["arrived"]
+    assert not run["spans"], "otel_llm spans also went through a second pipeline"
+    spans = run["grpc_spans"]
+    ours = [s for s in spans if s["name"] == sc.SPAN_REQUEST]
+    assert sorted(s["attributes"][sc.LLM_REQUEST_ID] for s in ours) == sorted(m["id"] for m in run["meta"])
+    assert any(not s["name"].startswith("llm.") for s in spans), "SGLang's own spans are missing"
+    ids = [s["span_id"] for s in spans]
+    assert len(ids) == len(set(ids)), "a span was exported twice"
