@@ -1,0 +1,155 @@
+"""Run the real SGLang engine offline (``sglang.Engine``) with otel_llm, and report both sides as JSON.
+
+Runs in the SGLang virtualenv (``tests/sglang/make_env.sh``), started by ``test_sglang_engine.py``:
+``python drive_engine.py OUT.json``. otel_llm is switched on the way a user gets it: installed, SGLang
+loads its ``sglang.srt.plugins`` entry point in the scheduler process, which exports over OTLP/HTTP to a
+real receiver (tests/otlp_receivers.py) running in this process. Per scenario the JSON holds SGLang's own
+``meta_info`` per request, the spans and metric points the receiver decoded, and whether SGLang ran its
+overlap scheduler.
+
+Scenarios (a fresh engine each: SGLang reads SGLANG_TEST_RETRACT when its scheduler process starts):
+- ``forced``: SGLANG_TEST_RETRACT=1, every 10th decode step retracts requests (deterministic);
+- ``natural``: 24 prompts x 160 tokens in a 512-token KV pool, without ignore_eos, so SGLang admits
+  more than fits and retracts when decoding runs out of room (4-8 per run, timing-dependent);
+- ``traced``: SGLang's own ``enable_trace`` on too, exporting to a second (gRPC) receiver.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE)]  # tests/ for otlp_receivers, this folder for tiny_model
+
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "forced": {
+        "env": {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "10"},
+        "prompts": 8,
+        "max_new_tokens": 48,
+    },
+    "natural": {
+        "env": {"SGLANG_TEST_RETRACT": "0", "SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS": "5"},
+        "prompts": 24,
+        "max_new_tokens": 160,
+    },
+    # SGLang's own tracing on as well (--enable-trace): it exports over gRPC to a second receiver.
+    "traced": {
+        "env": {"SGLANG_TEST_RETRACT": "0", "SGLANG_OTLP_EXPORTER_SCHEDULE_DELAY_MILLIS": "200"},
+        "prompts": 4,
+        "max_new_tokens": 16,
+        "enable_trace": True,
+    },
+}
+ENGINE_ARGS = {
+    "device": "cpu",
+    "attention_backend": "torch_native",
+    "dtype": "float32",
+    "disable_cuda_graph": True,
+    "skip_server_warmup": True,
+    "max_total_tokens": 512,
+    "context_length": 512,
+    "enable_metrics": True,  # SGLang sends its per-request time stats to meta_info only with metrics on
+    "log_level": "error",
+}
+PROMPTS = [
+    "Hello world, tell me a story about tokens",
+    "The quick brown fox jumps over the lazy dog",
+    "Large language model servers queue requests",
+    "When the key value cache is full a request is retracted",
+]
+
+
+def value(v: Any) -> Any:
+    """A protobuf AnyValue as a plain Python value (arrays as lists)."""
+    kind = v.WhichOneof("value")
+    if kind == "array_value":
+        return [value(x) for x in v.array_value.values]
+    return getattr(v, kind) if kind else None
+
+
+def span_json(resource: Any, span: Any) -> dict[str, Any]:
+    attrs = {a.key: value(a.value) for a in span.attributes}
+    return {
+        "name": span.name,
+        "trace_id": span.trace_id.hex(),
+        "span_id": span.span_id.hex(),
+        "parent_span_id": span.parent_span_id.hex(),
+        "start": span.start_time_unix_nano,
+        "end": span.end_time_unix_nano,
+        "attributes": attrs,
+        "events": [e.name for e in span.events],
+        "service": next((a.value.string_value for a in resource.attributes if a.key == "service.name"), None),
+    }
+
+
+def run(name: str, model: str) -> dict[str, Any]:
+    import sglang
+    from google.protobuf.json_format import MessageToDict
+    from otlp_receivers import GrpcReceiver, HttpReceiver
+
+    spec = SCENARIOS[name]
+    os.environ.update(spec["env"])
+    with HttpReceiver() as receiver, GrpcReceiver() as sglang_receiver:
+        os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = receiver.endpoint
+        extra: dict[str, Any] = {}
+        if spec.get("enable_trace"):
+            extra = {"enable_trace": True, "otlp_traces_endpoint": sglang_receiver.endpoint.split("//")[-1]}
+        engine = sglang.Engine(model_path=model, **ENGINE_ARGS, **extra)
+        try:
+            prompts = [PROMPTS[i % len(PROMPTS)] + f" #{i}" for i in range(spec["prompts"])]
+            params = {"max_new_tokens": spec["max_new_tokens"], "temperature": 0.0}
+            started = time.monotonic()
+            outputs = engine.generate(prompts, params)
+            took = time.monotonic() - started
+            overlap = not engine.server_args.disable_overlap_schedule
+            rids = {o["meta_info"]["id"] for o in outputs}
+
+            def all_spans(c: Any) -> bool:
+                roots = [
+                    s
+                    for _, s in c.spans() + sglang_receiver.collected.spans()
+                    if s.name == "llm.request"
+                    and any(a.key == "llm.request.id" and a.value.string_value in rids for a in s.attributes)
+                ]
+                return len(roots) >= len(rids) and bool(c.metrics("gen_ai.server.request.duration"))
+
+            arrived = receiver.collected.wait_until(all_spans, timeout_s=30)
+        finally:
+            engine.shutdown()
+        metrics = [
+            {"name": metric.name, "data": MessageToDict(metric, preserving_proto_field_name=True)}
+            for _, metric in receiver.collected.metrics()
+        ]
+        return {
+            "overlap": overlap,
+            "arrived": arrived,
+            "seconds": took,
+            "meta": [o["meta_info"] for o in outputs],
+            "spans": [span_json(r, s) for r, s in receiver.collected.spans()],
+            "grpc_spans": [span_json(r, s) for r, s in sglang_receiver.collected.spans()],
+            "metrics": metrics,
+        }
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    names = sys.argv[2:] or list(SCENARIOS)
+    import tiny_model
+
+    os.environ.setdefault("OTEL_BSP_SCHEDULE_DELAY", "200")
+    os.environ.setdefault("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+    os.environ.setdefault("OTEL_METRIC_EXPORT_INTERVAL", "600000")  # metrics leave on the idle flush
+    with tempfile.TemporaryDirectory() as tmp:
+        model = str(tiny_model.make(Path(tmp) / "model"))
+        results = {name: run(name, model) for name in names}
+    out.write_text(json.dumps({"scenarios": results}))
+
+
+if __name__ == "__main__":
+    main()

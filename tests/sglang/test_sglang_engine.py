@@ -1,0 +1,123 @@
+"""otel_llm on the real SGLang engine, offline (``sglang.Engine``), compared with SGLang's own numbers.
+
+One driver run (drive_engine.py) per session serves every test here; each scenario has its own engine.
+SGLang's values come from its per-request ``meta_info`` (built from SchedulerReqTimeStats with metrics
+on); ours from the spans and metrics a real OTLP receiver decoded. Test stand-ins in the SGLang
+virtualenv: ``sgl_kernel`` and the torchvision operator schemas (see conftest.py); everything else is
+SGLang's own code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from otel_llm import semconv as sc
+from tests.sglang.conftest import SCENARIOS, children, metric_points, needs_sglang, roots, seconds
+
+pytestmark = needs_sglang
+
+ABS = 1e-6  # seconds: float precision of values computed from the same perf_counter stamps
+
+
+def by_request(run: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    ours = roots(run)
+    return [(meta, ours[meta["id"]]) for meta in run["meta"]]
+
+
+def test_every_request_has_one_trace(run: dict[str, Any]) -> None:
+    assert run["arrived"], "not every llm.request span reached the receiver within 30 s"
+    assert set(roots(run)) == {m["id"] for m in run["meta"]}
+
+
+def test_preemptions_equal_sglang_retractions(run: dict[str, Any]) -> None:
+    for meta, root in by_request(run):
+        assert root["attributes"][sc.LLM_PREEMPTIONS] == meta["num_retractions"], meta["id"]
+        assert len(children_named(run, root, sc.SPAN_PREEMPTED)) == meta["num_retractions"]
+
+
+def children_named(run: dict[str, Any], root: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    phases = children(run, root)
+    return [s for phase in phases for s in children(run, phase, name)]
+
+
+def test_runs_retract(engine_runs: dict[str, dict[str, Any]]) -> None:
+    # Both scenarios exist to exercise retraction; without one the comparisons above prove little.
+    for name in SCENARIOS:
+        run = engine_runs[name]
+        assert sum(m["num_retractions"] for m in run["meta"]) > 0, f"{name}: SGLang retracted nothing"
+
+
+def test_token_counts_equal_sglang(run: dict[str, Any]) -> None:
+    for meta, root in by_request(run):
+        attrs = root["attributes"]
+        assert attrs[sc.GEN_AI_USAGE_INPUT_TOKENS] == meta["prompt_tokens"], meta["id"]
+        assert attrs[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == meta["completion_tokens"], meta["id"]
+        assert attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] == [meta["finish_reason"]["type"]]
+
+
+def test_queue_and_retraction_waits_equal_sglang_queue_time(run: dict[str, Any]) -> None:
+    # SGLang's meta_info queue_time sums every wait in its queue, the first one and one after each
+    # retraction. Ours splits the same stamps: llm.queue (first wait) + llm.preempted (each later one).
+    for meta, root in by_request(run):
+        waits = root["attributes"][sc.LLM_LATENCY_QUEUE] + sum(
+            seconds(s) for s in children_named(run, root, sc.SPAN_PREEMPTED)
+        )
+        assert waits == pytest.approx(meta["queue_time"], abs=ABS), meta["id"]
+
+
+def test_first_token_and_e2e_against_sglang(run: dict[str, Any]) -> None:
+    # Same start (the tokenizer's created_time, carried to the scheduler). SGLang's first token is its
+    # prefill_finished_time (offline, non-streaming), set while the prefill result is processed; ours is
+    # when that result is streamed out, later in the same call. SGLang's end is when its tokenizer got
+    # the last output, after ours (the scheduler streamed it). So ours lie between, within one step.
+    for meta, root in by_request(run):
+        attrs = root["attributes"]
+        ttft = attrs[sc.LLM_LATENCY_TTFT]
+        assert meta["first_token_latency"] - ABS <= ttft, meta["id"]
+        assert ttft <= meta["first_token_latency"] + 0.5, meta["id"]
+        assert attrs[sc.LLM_LATENCY_E2E] <= meta["e2e_latency"] + ABS, meta["id"]
+        assert attrs[sc.LLM_LATENCY_E2E] >= meta["e2e_latency"] - 0.5, meta["id"]
+
+
+def test_retracted_trace_has_the_vllm_shape(run: dict[str, Any]) -> None:
+    retracted = [(m, r) for m, r in by_request(run) if m["num_retractions"]]
+    assert retracted
+    for meta, root in retracted:
+        phases = {s["name"]: s for s in children(run, root)}
+        assert set(phases) == {sc.SPAN_QUEUE, sc.SPAN_PREFILL, sc.SPAN_DECODE}
+        pairs = children(run, phases[sc.SPAN_DECODE]) + children(run, phases[sc.SPAN_PREFILL])
+        names = [s["name"] for s in sorted(pairs, key=lambda s: s["start"])]
+        assert names == [sc.SPAN_PREEMPTED, sc.SPAN_RECOMPUTE] * meta["num_retractions"], meta["id"]
+        assert root["events"].count(sc.EVENT_PREEMPTED) == meta["num_retractions"]
+
+
+def test_metrics_count_what_sglang_counted(run: dict[str, Any]) -> None:
+    (preemptions,) = metric_points(run, sc.METRIC_PREEMPTIONS) or [{"as_int": "0"}]
+    assert int(preemptions.get("as_int", 0)) == sum(m["num_retractions"] for m in run["meta"])
+    points = metric_points(run, sc.METRIC_TOKENS)
+    tokens = {attribute(p, sc.GEN_AI_TOKEN_TYPE): int(p["as_int"]) for p in points}
+    assert tokens == {
+        "input": sum(m["prompt_tokens"] for m in run["meta"]),
+        "output": sum(m["completion_tokens"] for m in run["meta"]),
+    }
+    assert not metric_points(run, sc.METRIC_ANOMALIES), "lifecycle anomalies (e.g. a duplicate finish)"
+
+
+def attribute(point: dict[str, Any], key: str) -> Any:
+    return next(next(iter(a["value"].values())) for a in point["attributes"] if a["key"] == key)
+
+
+def test_coexists_with_sglang_enable_trace(engine_runs: dict[str, dict[str, Any]]) -> None:
+    # SGLang's --enable-trace sets the global tracer provider in each process; ours then sends through
+    # it (SGLang's gRPC endpoint) and installs no second one: one llm.request per request, nothing twice.
+    run = engine_runs["traced"]
+    assert run["arrived"]
+    assert not run["spans"], "otel_llm spans also went through a second pipeline"
+    spans = run["grpc_spans"]
+    ours = [s for s in spans if s["name"] == sc.SPAN_REQUEST]
+    assert sorted(s["attributes"][sc.LLM_REQUEST_ID] for s in ours) == sorted(m["id"] for m in run["meta"])
+    assert any(not s["name"].startswith("llm.") for s in spans), "SGLang's own spans are missing"
+    ids = [s["span_id"] for s in spans]
+    assert len(ids) == len(set(ids)), "a span was exported twice"
