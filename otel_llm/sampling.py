@@ -154,6 +154,6 @@ class TailSampler:
         with self._lock:
             items = list(self.decisions.items())
         return [
-            (n, {sc.SAMPLING_DECISION: decision, sc.SAMPLING_REASON: reason})
+            (n, {sc.LLM_SAMPLING_DECISION: decision, sc.LLM_SAMPLING_REASON: reason})
             for (decision, reason), n in items
         ]

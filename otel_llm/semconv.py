@@ -60,8 +60,8 @@ LLM_STEP_KV_CACHE_USAGE = "llm.engine.kv_cache.usage"  # fraction 0..1 after the
 LLM_STEPS = "llm.engine.steps"  # engine steps the request ran in (llm.request, detail "steps")
 LLM_STEPS_UNSPANNED = "llm.engine.steps.unspanned"  # of those, steps without a span (past the cap)
 # On otel_llm.sampling.decisions: keep / drop, and the rule that decided.
-SAMPLING_DECISION = "decision"
-SAMPLING_REASON = "reason"
+LLM_SAMPLING_DECISION = "decision"
+LLM_SAMPLING_REASON = "reason"
 
 LLM_LATENCY_QUEUE = "llm.latency.queue"
 LLM_LATENCY_PREFILL = "llm.latency.prefill"

@@ -124,7 +124,8 @@ class RequestTracker:
             tail_sampling = TailSampling.from_env()
         elif tail_sampling is True:
             tail_sampling = TailSampling()
-        if tail_sampling is not False and not isinstance(tail_sampling, TailSampling):
+        off = tail_sampling is None or tail_sampling is False
+        if not off and not isinstance(tail_sampling, TailSampling):
             raise TypeError(
                 f"tail_sampling must be a TailSampling, False or None, got {type(tail_sampling).__name__}"
             )

@@ -64,6 +64,7 @@ def test_request_level_is_one_span_with_the_latency_attributes_and_events(make_h
     assert dict(root.attributes) == dict(full.attributes)
     assert root.attributes[sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] == 2
     assert sc.LLM_LATENCY_TTFT in root.attributes and sc.LLM_LATENCY_E2E in root.attributes
+
     # Each tracker has its own monotonic-to-wall offset: compare event times from the span's start.
     def events(span: Any) -> list[tuple[str, int]]:
         return [(e.name, e.timestamp - span.start_time) for e in span.events]

@@ -44,7 +44,10 @@ def kept_ids(h: Any) -> set[str]:
 
 def decisions(h: Any) -> dict[tuple[str, str], int]:
     points = h.metrics().get(sc.METRIC_SAMPLING_DECISIONS, [])
-    return {(p.attributes[sc.SAMPLING_DECISION], p.attributes[sc.SAMPLING_REASON]): p.value for p in points}
+    return {
+        (p.attributes[sc.LLM_SAMPLING_DECISION], p.attributes[sc.LLM_SAMPLING_REASON]): p.value
+        for p in points
+    }
 
 
 def test_each_rule_keeps_what_it_says_and_the_rest_is_dropped(make_harness) -> None:
@@ -128,7 +131,9 @@ def test_head_sampler_still_applies_to_kept_traces(make_harness) -> None:
     provider.add_span_processor(SimpleSpanProcessor(h.span_exporter))
     from otel_llm import RequestTracker
 
-    tracker = RequestTracker(tracer_provider=provider, meter_provider=h.meter_provider, tail_sampling=NONE_KEPT)
+    tracker = RequestTracker(
+        tracer_provider=provider, meter_provider=h.meter_provider, tail_sampling=NONE_KEPT
+    )
     tracker.queued("e", ts=1.0)
     tracker.finished("e", reason="error", ts=2.0)  # tail sampling keeps it, the head sampler does not
     assert h.finished_spans() == []
@@ -218,7 +223,9 @@ def test_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch, make_har
         (ENV_E2E_S, "nan", "finite"),
     ],
 )
-def test_bad_settings_fail_early(monkeypatch: pytest.MonkeyPatch, name: str, value: str, message: str) -> None:
+def test_bad_settings_fail_early(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str, message: str
+) -> None:
     from otel_llm import RequestTracker
 
     monkeypatch.setenv(ENV_TAIL_SAMPLING, "on")

@@ -153,7 +153,7 @@ def test_tail_sampling_keeps_exactly_the_requests_the_engine_preempted(make_harn
     assert {s.attributes[sc.LLM_REQUEST_ID] for s in h.roots()} == preempted
     points = h.metrics()
     decisions = {
-        (p.attributes[sc.SAMPLING_DECISION], p.attributes[sc.SAMPLING_REASON]): p.value
+        (p.attributes[sc.LLM_SAMPLING_DECISION], p.attributes[sc.LLM_SAMPLING_REASON]): p.value
         for p in points[sc.METRIC_SAMPLING_DECISIONS]
     }
     assert decisions == {("keep", "preempted"): len(preempted), ("drop", "ratio"): len(ids) - len(preempted)}
