@@ -13,6 +13,7 @@ SECTIONS = {
     "memory": "4. Memory per in-flight request (tracemalloc)",
     "engine": "5. Reference engine",
     "collect": "6. One metric collection (InMemoryMetricReader) with otel_llm's histograms",
+    "sampling": "7. Tail sampling and trace detail levels",
 }
 
 
@@ -50,7 +51,9 @@ def fmt(value: float, unit: str) -> str:
         return f"{value:.0f} B" if value < 10 * 1024 else f"{value / 1024:.1f} KiB"
     if unit == "fraction":
         return f"{value * 100:.2f} %"
-    if unit in ("req/s", "steps/s"):
+    if unit == "B/s":
+        return f"{value / 1024:,.1f} KiB/s"
+    if unit in ("req/s", "steps/s", "spans/s"):
         return f"{value:,.1f} {unit}"
     return f"{value:g} {unit}"
 

@@ -76,7 +76,15 @@ _LATENCIES = (
         sc.BUCKETS_PHASE,
         "KV-cache recompute time, per preemption that reached a token: next token - rescheduled",
     ),
+    (
+        "step_tokens",
+        sc.METRIC_STEP_TOKENS,
+        sc.BUCKETS_STEP_TOKENS,
+        "Tokens the engine fed its model in one step (from RequestTracker.engine_state)",
+    ),
 )
+# Histograms whose values are not seconds.
+_UNITS = {sc.METRIC_STEP_TOKENS: sc.UNIT_TOKEN}
 _ITL_DESCRIPTION = "Inter-token latency: gap between consecutive tokens events"
 
 
@@ -158,7 +166,7 @@ class RequestMetrics:
 
             names = [name for _, name, _, _ in _LATENCIES] + [sc.METRIC_ITL]
             if sdk_bridge.attach(target):
-                instrument_for = {n for n in names if sdk_bridge.needs_instrument(target, n, sc.UNIT_SECONDS)}
+                instrument_for = {n for n in names if sdk_bridge.needs_instrument(target, n, _unit(n))}
             else:
                 instrument_for = set(names)
             exemplars = sdk_bridge.exemplar_mode(target)
@@ -211,7 +219,7 @@ class RequestMetrics:
         for source in self._sources:
             if source.name == name:
                 return source
-        source = HistogramSource(name, sc.UNIT_SECONDS, description, buckets)
+        source = HistogramSource(name, _unit(name), description, buckets)
         self._sources.append(source)
         return source
 
@@ -227,9 +235,17 @@ class RequestMetrics:
         callback: ObserveFn,
         *,
         counter: bool,
+        gauge: bool = False,
     ) -> None:
         """Register an asynchronous instrument whose values ``callback`` yields at collection time."""
-        observe(self._provider, self._observer, name, unit, description, callback, counter=counter)
+        observe(
+            self._provider, self._observer, name, unit, description, callback, counter=counter, gauge=gauge
+        )
+
+    def record_step_tokens(self, tokens: float) -> None:
+        """One sample of ``llm.server.step.tokens`` (tokens fed to the model in one engine step)."""
+        with self._lock:
+            self.step_tokens.add(tokens, None)
 
     def renew_lock(self, itl_lock: threading.Lock) -> None:
         """Fresh locks for every recorder (a forked child must not inherit a held one)."""
@@ -408,10 +424,14 @@ class _InstrumentBulk:
 def _histogram(meter: Any, name: str, buckets: tuple[float, ...], description: str) -> Any:
     try:
         return meter.create_histogram(
-            name, unit=sc.UNIT_SECONDS, description=description, explicit_bucket_boundaries_advisory=buckets
+            name, unit=_unit(name), description=description, explicit_bucket_boundaries_advisory=buckets
         )
     except TypeError:  # an API from before bucket advice
-        return meter.create_histogram(name, unit=sc.UNIT_SECONDS, description=description)
+        return meter.create_histogram(name, unit=_unit(name), description=description)
+
+
+def _unit(name: str) -> str:
+    return _UNITS.get(name, sc.UNIT_SECONDS)
 
 
 def _env_exemplar_mode() -> str:

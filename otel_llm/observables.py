@@ -54,13 +54,19 @@ class _ProviderObservables:
         unit: str,
         description: str,
         counter: bool,
+        gauge: bool = False,
     ) -> None:
         """Caller holds _LOCK."""
         refs = self.observers.get(name)
         if refs is None:
             refs = self.observers[name] = []
             meter = provider.get_meter("otel_llm", __version__)
-            create = meter.create_observable_counter if counter else meter.create_observable_up_down_counter
+            if gauge:
+                create = meter.create_observable_gauge
+            elif counter:
+                create = meter.create_observable_counter
+            else:
+                create = meter.create_observable_up_down_counter
             create(name, callbacks=[self._callback(name)], unit=unit, description=description)
         refs.append(weakref.ref(observer))
 
@@ -107,16 +113,18 @@ def observe(
     callback: ObserveFn,
     *,
     counter: bool,
+    gauge: bool = False,
 ) -> None:
     """Report ``callback``'s values as instrument ``name`` of ``provider`` for as long as ``observer``
-    lives (``counter``: an observable counter, else an observable up-down counter)."""
+    lives (``gauge``: an observable gauge; else ``counter``: an observable counter, else an observable
+    up-down counter)."""
     observer.callbacks[name] = callback
     with _LOCK:
         key = _key(provider)
         shared = _BY_PROVIDER.get(key)
         if shared is None:
             shared = _BY_PROVIDER[key] = _ProviderObservables()
-        shared.register(key, observer, name, unit, description, counter)
+        shared.register(key, observer, name, unit, description, counter, gauge)
 
 
 def _key(provider: Any) -> Any:

@@ -32,6 +32,8 @@ GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
 GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
 GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
 GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+# Prompt tokens served from the engine's prefix cache (not computed), on llm.request.
+GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS = "gen_ai.usage.cache_read.input_tokens"
 GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
 GEN_AI_TOKEN_TYPE = "gen_ai.token.type"
 ERROR_TYPE = "error.type"
@@ -49,6 +51,17 @@ LLM_FINISH_REASON = "llm.finish_reason"
 LLM_REQUEST_STATE = "llm.request.state"
 LLM_ANOMALY_KIND = "kind"
 EXPORT_DROP_REASON = "reason"  # on the otel_llm.export.*.dropped self-metrics
+
+# On llm.engine.step spans (detail level "steps") and llm.request.
+LLM_STEP_INDEX = "llm.engine.step.index"
+LLM_STEP_BATCH_SIZE = "llm.engine.batch_size"  # requests that produced tokens in the step
+LLM_STEP_TOKENS = "llm.engine.step.tokens"  # tokens the engine fed its model in the step
+LLM_STEP_KV_CACHE_USAGE = "llm.engine.kv_cache.usage"  # fraction 0..1 after the step
+LLM_STEPS = "llm.engine.steps"  # engine steps the request ran in (llm.request, detail "steps")
+LLM_STEPS_UNSPANNED = "llm.engine.steps.unspanned"  # of those, steps without a span (past the cap)
+# On otel_llm.sampling.decisions: keep / drop, and the rule that decided.
+LLM_SAMPLING_DECISION = "decision"
+LLM_SAMPLING_REASON = "reason"
 
 LLM_LATENCY_QUEUE = "llm.latency.queue"
 LLM_LATENCY_PREFILL = "llm.latency.prefill"
@@ -93,18 +106,30 @@ METRIC_REQUESTS = "llm.server.requests"
 METRIC_TOKENS = "llm.server.tokens"
 METRIC_ACTIVE = "llm.server.requests.active"
 
+# The engine's own state, reported through RequestTracker.engine_state() (once per step or stats interval).
+METRIC_KV_CACHE_USAGE = "llm.server.kv_cache.usage"  # gauge, 1: fraction of KV-cache blocks in use
+METRIC_SCHEDULER_REQUESTS = "llm.server.scheduler.requests"  # gauge, {request}: running / waiting
+METRIC_PREFIX_CACHE_QUERIES = "llm.server.prefix_cache.queries"  # counter, {token}: prompt tokens looked up
+METRIC_PREFIX_CACHE_HITS = "llm.server.prefix_cache.hits"  # counter, {token}: of those, found cached
+METRIC_SPEC_DRAFT_TOKENS = "llm.server.spec_decode.draft_tokens"  # counter, {token}: proposed by the drafter
+METRIC_SPEC_ACCEPTED_TOKENS = "llm.server.spec_decode.accepted_tokens"  # counter, {token}: of those, accepted
+METRIC_STEP_TOKENS = "llm.server.step.tokens"  # histogram, {token}: tokens fed to the model per step
+
 # Self-telemetry: how otel_llm itself is doing.
 METRIC_ANOMALIES = "otel_llm.anomalies"
 METRIC_EVICTED = "otel_llm.requests.evicted"
 METRIC_DROPPED_SPANS = "otel_llm.export.spans.dropped"
 METRIC_DROPPED_POINTS = "otel_llm.export.metric_points.dropped"
 METRIC_QUEUE_DEPTH = "otel_llm.export.queue.depth"
+METRIC_SAMPLING_DECISIONS = "otel_llm.sampling.decisions"  # tail sampling at finished(), by decision / reason
 
 UNIT_SECONDS = "s"
 UNIT_PREEMPTION = "{preemption}"
 UNIT_REQUEST = "{request}"
 UNIT_TOKEN = "{token}"
 UNIT_ANOMALY = "{anomaly}"
+UNIT_RATIO = "1"
+UNIT_DECISION = "{decision}"
 
 # Explicit bucket boundaries, seconds. Each list starts with the GenAI semantic conventions' advice where
 # there is one and goes on to where an overloaded server's values still land in a bucket rather than
@@ -126,6 +151,10 @@ BUCKETS_ITL = (
     1.0, 2.5, 5.0, 10.0, 20.0, 40.0,
 )  # fmt: skip
 BUCKETS_TPOT = BUCKETS_ITL
+# Tokens the engine feeds its model in one step: one decode token up to large prefill chunks.
+BUCKETS_STEP_TOKENS = (
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0,
+)  # fmt: skip
 # Queue, prefill, decode, inference, preempted and recompute times: 100 µs to 40 minutes.
 BUCKETS_PHASE = (
     0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,

@@ -12,6 +12,9 @@ A request preempted more than ``MAX_PREEMPTION_SPANS`` times gets spans and even
 only; the rest are summarised on ``llm.request`` (how many, and the time they spent evicted and
 recomputing), so a thrashing request costs a bounded number of spans on the thread that finishes it.
 
+At trace detail ``request`` only ``llm.request`` is built; at ``steps`` the engine steps the request ran
+in are added under its phases (``otel_llm.steps``).
+
 Monotonic seconds become wall-clock nanoseconds through one offset taken when the tracker started.
 """
 
@@ -35,6 +38,7 @@ from otel_llm.identity import (
     parent_span_context,
 )
 from otel_llm.intervals import Intervals
+from otel_llm.steps import DETAIL_PHASES, DETAIL_REQUEST, MAX_STEP_SPANS, StepRecord, longest, step_attributes
 from otel_llm.timeline import FinishedRequest, Preemption, Timeline
 
 _set_span_in_context = trace.set_span_in_context
@@ -52,7 +56,9 @@ class SpanBuilder:
         tracer_provider: trace.TracerProvider | None,
         base_attributes: dict[str, Any],
         wall_offset_ns: int,
+        detail: str = DETAIL_PHASES,
     ) -> None:
+        self.detail = detail
         provider = tracer_provider if tracer_provider is not None else trace.get_tracer_provider()
         self._tracer = provider.get_tracer("otel_llm", __version__)
         self._base = dict(base_attributes)
@@ -133,7 +139,10 @@ class SpanBuilder:
         fin: FinishedRequest,
         root_attributes: dict[str, Any],
         before_end: Callable[[Span, FinishedRequest], None] | None = None,
+        steps: list[tuple[float, StepRecord]] | None = None,
     ) -> Span:
+        """The request's spans; ``steps``: (span start, step) of the engine steps it ran in, for the
+        ``steps`` detail level (None otherwise)."""
         tl = fin.timeline
         tracer = self._real_tracer()
         ns = self.wall_ns
@@ -157,6 +166,24 @@ class SpanBuilder:
                 sampler.clear()
         if not root.is_recording():
             return root
+        if self.detail != DETAIL_REQUEST:
+            self._children(tracer, root, fin, steps)
+        for name, attributes, at in _events(tl):
+            root.add_event(name, attributes, timestamp=ns(at))
+        if fin.reason in sc.FAILED_REASONS:
+            root.set_status(Status(StatusCode.ERROR, _describe(fin)))
+        if before_end is not None:
+            before_end(root, fin)
+        root.end(end_time=ns(end))
+        return root
+
+    def _children(
+        self, tracer: Any, root: Span, fin: FinishedRequest, steps: list[tuple[float, StepRecord]] | None
+    ) -> None:
+        """The phase and preemption spans under ``root`` (and the step spans, given ``steps``)."""
+        tl = fin.timeline
+        ns = self.wall_ns
+        end = fin.finished
         root_ctx = _set_span_in_context(root)
         start = tracer.start_span
 
@@ -181,19 +208,20 @@ class SpanBuilder:
                 # A recompute cut short by the next preemption ends there, so the spans never overlap.
                 until = preemptions[k + 1].preempted if k + 1 < len(preemptions) else end
                 self._preemption_spans(child, _set_span_in_context(phase), p, until)
+        if steps is not None:
+            root.set_attribute(sc.LLM_STEPS, len(steps))
+            root.set_attribute(sc.LLM_STEPS_UNSPANNED, max(0, len(steps) - MAX_STEP_SPANS))
+            prefill_ctx = _set_span_in_context(prefill) if prefill is not None else root_ctx
+            decode_ctx = _set_span_in_context(decode) if decode is not None else root_ctx
+            for t0, record in longest(steps, MAX_STEP_SPANS):
+                ctx = prefill_ctx if first is None or record.ts <= first else decode_ctx
+                attrs = step_attributes(record)
+                span = start(sc.SPAN_ENGINE_STEP, context=ctx, start_time=ns(t0), attributes=attrs)
+                span.end(end_time=ns(record.ts))
         if prefill is not None:
             prefill.end(end_time=ns(first if first is not None else end))
         if decode is not None:
             decode.end(end_time=ns(end))
-
-        for name, attributes, at in _events(tl):
-            root.add_event(name, attributes, timestamp=ns(at))
-        if fin.reason in sc.FAILED_REASONS:
-            root.set_status(Status(StatusCode.ERROR, _describe(fin)))
-        if before_end is not None:
-            before_end(root, fin)
-        root.end(end_time=ns(end))
-        return root
 
     @staticmethod
     def _preemption_spans(child: Any, ctx: Any, p: Preemption, end: float) -> None:
@@ -250,6 +278,8 @@ def root_attributes(
     attrs[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = tl.output_tokens
     attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = (fin.reason,)
     attrs[sc.LLM_PREEMPTIONS] = len(tl.preemptions)
+    if tl.cached_tokens is not None:
+        attrs[sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = tl.cached_tokens
     if len(tl.preemptions) > MAX_PREEMPTION_SPANS:
         count, preempted_s, recompute_s = _unspanned(fin)
         attrs[sc.LLM_PREEMPTIONS_UNSPANNED] = count

@@ -58,6 +58,7 @@ class Timeline:
     __slots__ = (
         "arrival",
         "attributes",
+        "cached_tokens",
         "first_scheduled",
         "first_token",
         "last_event",
@@ -95,6 +96,8 @@ class Timeline:
         self.attributes = attributes
         self.state = WAITING
         self.first_scheduled: float | None = None  # S1
+        # Prompt tokens the engine found in its prefix cache when it first scheduled the request.
+        self.cached_tokens: int | None = None
         self.first_token: float | None = None  # F
         self.step: Step | None = None  # latest tokens event of the current run, None while preempted
         self.last_event = queued  # for clamping out-of-order timestamps

@@ -28,10 +28,13 @@ from opentelemetry.trace import Span
 from otel_llm import anomalies as an
 from otel_llm import attributes as user_attrs
 from otel_llm import semconv as sc
+from otel_llm.engine_state import EngineState, count, usage
 from otel_llm.identity import parent_context, parent_span_context
 from otel_llm.intervals import Intervals
 from otel_llm.metrics import RequestMetrics
+from otel_llm.sampling import TailSampler, TailSampling
 from otel_llm.spans import MAX_PREEMPTION_SPANS, SpanBuilder, error_type, root_attributes, start_attributes
+from otel_llm.steps import DETAIL_STEPS, StepLog, of_request, resolve_detail
 from otel_llm.timeline import PREEMPTED, RUNNING, WAITING, FinishedRequest, Preemption, Step, Timeline
 
 _log = logging.getLogger("otel_llm")
@@ -96,6 +99,11 @@ class RequestTracker:
         span_hook: called as ``span_hook(span, finished_request)`` on each ``llm.request`` span before it
             ends (add attributes, events). An exception from it is logged once and counted; the span is
             still exported.
+        tail_sampling: which finished requests keep their trace (``otel_llm.sampling``): a
+            ``TailSampling``, False for every one, or None to read ``OTEL_LLM_TAIL_SAMPLING*`` (default:
+            off, every trace kept). Metrics count every request either way.
+        trace_detail: ``request``, ``phases`` or ``steps`` (``otel_llm.steps``); None reads
+            ``OTEL_LLM_TRACE_DETAIL`` (default ``phases``).
     """
 
     def __init__(
@@ -109,7 +117,19 @@ class RequestTracker:
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         max_age_s: float = DEFAULT_MAX_AGE_S,
         span_hook: SpanHook | None = None,
+        tail_sampling: TailSampling | bool | None = None,
+        trace_detail: str | None = None,
     ) -> None:
+        if tail_sampling is None:
+            tail_sampling = TailSampling.from_env()
+        elif tail_sampling is True:
+            tail_sampling = TailSampling()
+        off = tail_sampling is None or tail_sampling is False
+        if not off and not isinstance(tail_sampling, TailSampling):
+            raise TypeError(
+                f"tail_sampling must be a TailSampling, False or None, got {type(tail_sampling).__name__}"
+            )
+        detail = resolve_detail(trace_detail)
         if not isinstance(max_in_flight, int) or max_in_flight < 1:
             raise ValueError(f"max_in_flight must be a positive int, got {max_in_flight!r}")
         if not isinstance(max_age_s, (int, float)) or not max_age_s > 0:
@@ -145,8 +165,22 @@ class RequestTracker:
         self._prev_step = _NO_STEP  # the previous tokens() call
         self._anomalies = an.AnomalyCounter()
         self._evicted = 0
-        self._spans = SpanBuilder(tracer_provider, base, time.time_ns() - time.monotonic_ns())
+        self._spans = SpanBuilder(tracer_provider, base, time.time_ns() - time.monotonic_ns(), detail)
+        self.trace_detail = detail
+        # The last engine steps, for llm.engine.step spans (detail "steps" only: one append per step).
+        self._step_log: StepLog | None = StepLog() if detail == DETAIL_STEPS else None
         self._metrics = RequestMetrics(meter_provider, base, self._lock)
+        self._engine_state = EngineState(self._metrics)
+        self._tail: TailSampler | None = None
+        if isinstance(tail_sampling, TailSampling):
+            self._tail = TailSampler(tail_sampling)
+            self._metrics.observe(
+                sc.METRIC_SAMPLING_DECISIONS,
+                sc.UNIT_DECISION,
+                "Tail sampling decisions at finished(), by decision (keep / drop) and reason",
+                self._tail.observe,
+                counter=True,
+            )
         self._itl = self._metrics.itl  # inter-token latency: added to on the hot path, under self._lock
         self._metrics.observe(
             sc.METRIC_ACTIVE,
@@ -226,9 +260,18 @@ class RequestTracker:
             self._anomalies.log_pending()
         self._finish_all(evicted)
 
-    def scheduled(self, request_ids: Sequence[Any], ts: float | None = None) -> None:
-        """These requests entered the running batch: the first time (S1) or after a preemption (R_k)."""
+    def scheduled(
+        self, request_ids: Sequence[Any], ts: float | None = None, cached_tokens: Sequence[int] | None = None
+    ) -> None:
+        """These requests entered the running batch: the first time (S1) or after a preemption (R_k).
+
+        ``cached_tokens``: per request, the prompt tokens found in the engine's prefix cache (not
+        computed); the figure given at the first scheduling is kept, as
+        ``gen_ai.usage.cache_read.input_tokens`` on ``llm.request``."""
         _check_ids(request_ids)
+        if cached_tokens is not None:
+            self._scheduled_cached(request_ids, ts, cached_tokens)
+            return
         ts = self._timestamp(ts)
         with self._lock:
             get = self._inflight.get
@@ -256,6 +299,8 @@ class RequestTracker:
             if ts < prev.ts:
                 prev = _NO_STEP  # a step out of order: every request takes the checked path
             step = self._prev_step = Step(ts, self._prev_step.index + 1)
+            if self._step_log is not None:
+                self._step_log.add(ts, step.index, len(request_ids))
             get = self._inflight.get
             # Requests whose previous token came in the previous step share one gap; only the others are
             # counted, so the common case costs a lookup, an identity check and one write per request.
@@ -288,6 +333,68 @@ class RequestTracker:
                 self._itl.add(ts - prev.ts, shared)
         if self._anomalies.unlogged:
             self._anomalies.log_pending()
+
+    def _scheduled_cached(self, request_ids: Sequence[Any], ts: float | None, cached: Sequence[int]) -> None:
+        """scheduled() with a prefix-cache hit count per request."""
+        if isinstance(cached, (str, bytes)) or not isinstance(cached, Sequence):
+            raise TypeError(f"cached_tokens must be a sequence of ints, one per request id, got {cached!r}")
+        ids = list(request_ids)
+        if len(cached) != len(ids):
+            raise ValueError(f"cached_tokens has {len(cached)} entries for {len(ids)} request ids")
+        counts = [count("cached_tokens", n) for n in cached]
+        first = []
+        with self._lock:
+            for rid, n in zip(ids, counts):
+                tl = self._inflight.get(rid)
+                if tl is not None and tl.state == WAITING:
+                    first.append((tl, n))
+        self.scheduled(ids, ts)
+        with self._lock:
+            for tl, n in first:
+                if tl.cached_tokens is None and tl.state == RUNNING:
+                    tl.cached_tokens = n
+
+    def engine_state(
+        self,
+        *,
+        kv_cache_usage: float | None = None,
+        running: int | None = None,
+        waiting: int | None = None,
+        prefix_cache_queries: int = 0,
+        prefix_cache_hits: int = 0,
+        spec_drafted_tokens: int = 0,
+        spec_accepted_tokens: int = 0,
+        step_tokens: int | None = None,
+    ) -> None:
+        """What the engine knows of itself, once per step (after its ``tokens()``) or per stats interval.
+
+        Gauges (latest value wins): ``kv_cache_usage`` (fraction of KV blocks in use, 0..1), ``running``
+        and ``waiting`` (requests, as the engine's scheduler counts them). Increments since the previous
+        call: ``prefix_cache_queries`` / ``prefix_cache_hits`` (prompt tokens looked up / found cached),
+        ``spec_drafted_tokens`` / ``spec_accepted_tokens`` (speculative decoding). ``step_tokens``: tokens
+        fed to the model in this step, one histogram sample. None / 0 means "not reported". Only stores
+        numbers; the metrics are read at collection time (``otel_llm.engine_state``)."""
+        kv = None if kv_cache_usage is None else usage(kv_cache_usage)
+        running = None if running is None else count("running", running)
+        waiting = None if waiting is None else count("waiting", waiting)
+        step = None if step_tokens is None else count("step_tokens", step_tokens)
+        increments = {}
+        for name, value in (
+            ("prefix_cache_queries", prefix_cache_queries),
+            ("prefix_cache_hits", prefix_cache_hits),
+            ("spec_drafted_tokens", spec_drafted_tokens),
+            ("spec_accepted_tokens", spec_accepted_tokens),
+        ):
+            if value:
+                increments[name] = count(name, value)
+        self._engine_state.update(kv, running, waiting, increments, step)
+        log = self._step_log
+        if log is not None and (step is not None or kv is not None):
+            with self._lock:
+                latest = log.latest()
+                if latest is not None:
+                    latest.tokens = step if step is not None else latest.tokens
+                    latest.kv_cache_usage = kv if kv is not None else latest.kv_cache_usage
 
     def preempted(self, request_ids: Sequence[Any], ts: float | None = None) -> None:
         """The KV cache of these running requests was evicted (P_k); they wait to be recomputed."""
@@ -491,9 +598,17 @@ class RequestTracker:
             self._metrics.resolve(self._adopt_itl)
             iv = Intervals(fin)
             err = error_type(fin)
-            attrs = root_attributes(fin, iv, self._base, err)
-            root = self._spans.build(fin, attrs, self._run_span_hook if self._span_hook else None)
-            self._metrics.record(fin, iv, root.get_span_context(), err, self._spans.wall_ns(fin.finished))
+            span = None  # a trace not kept has no span: its metrics carry no exemplar
+            if self._tail is None or self._tail.keep(fin, iv):
+                steps = None
+                if self._step_log is not None:
+                    with self._lock:
+                        recent = self._step_log.since(fin.timeline.first_scheduled)
+                    steps = of_request(fin, recent)
+                attrs = root_attributes(fin, iv, self._base, err)
+                hook = self._run_span_hook if self._span_hook else None
+                span = self._spans.build(fin, attrs, hook, steps).get_span_context()
+            self._metrics.record(fin, iv, span, err, self._spans.wall_ns(fin.finished))
         except Exception:
             with self._lock:
                 self._anomalies.note(an.FINISH_FAILED, fin.timeline.request_id)

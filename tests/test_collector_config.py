@@ -294,7 +294,7 @@ def test_sampling_check_catches_a_renamed_attribute(monkeypatch: pytest.MonkeyPa
 
 # --- OTLP -> Prometheus names --------------------------------------------------------------------------
 
-UNIT_WORDS = {"s": "seconds", "ms": "milliseconds", "By": "bytes", "%": "percent"}
+UNIT_WORDS = {"s": "seconds", "ms": "milliseconds", "By": "bytes", "%": "percent", "1": "ratio"}
 # Self-telemetry the dashboard does not chart (kind or unit not fixed by the lifecycle contract).
 NOT_CHARTED = {"METRIC_EVICTED", "METRIC_DROPPED_SPANS", "METRIC_DROPPED_POINTS", "METRIC_QUEUE_DEPTH"}
 
@@ -322,6 +322,18 @@ def metric_kinds() -> dict[str, tuple[str, str]]:
     table[s.METRIC_TOKENS] = ("counter", s.UNIT_TOKEN)
     table[s.METRIC_ACTIVE] = ("gauge", s.UNIT_REQUEST)  # up-down counter or gauge: both are gauges there
     table[s.METRIC_ANOMALIES] = ("counter", s.UNIT_ANOMALY)
+    table[s.METRIC_SAMPLING_DECISIONS] = ("counter", s.UNIT_DECISION)
+    # The engine's own state, from RequestTracker.engine_state() (otel_llm.engine_state).
+    table[s.METRIC_KV_CACHE_USAGE] = ("gauge", s.UNIT_RATIO)
+    table[s.METRIC_SCHEDULER_REQUESTS] = ("gauge", s.UNIT_REQUEST)
+    for name in (
+        s.METRIC_PREFIX_CACHE_QUERIES,
+        s.METRIC_PREFIX_CACHE_HITS,
+        s.METRIC_SPEC_DRAFT_TOKENS,
+        s.METRIC_SPEC_ACCEPTED_TOKENS,
+    ):
+        table[name] = ("counter", s.UNIT_TOKEN)
+    table[s.METRIC_STEP_TOKENS] = ("histogram", s.UNIT_TOKEN)
     # The reference engine's KV-cache gauges (otel_llm.engine.telemetry).
     table[engine_telemetry.METRIC_KV_BLOCKS_USED] = ("gauge", engine_telemetry.UNIT_BLOCK)
     table[engine_telemetry.METRIC_KV_BLOCKS_TOTAL] = ("gauge", engine_telemetry.UNIT_BLOCK)
@@ -373,6 +385,9 @@ def test_translation_follows_the_collector_rules() -> None:
     assert prometheus_metric_names("a.duration_seconds", "gauge", "s") == {"a_duration_seconds"}
     assert prometheus_metric_names("llm.server.requests.active", "gauge", "{request}") == {
         "llm_server_requests_active"
+    }
+    assert prometheus_metric_names("llm.server.kv_cache.usage", "gauge", "1") == {
+        "llm_server_kv_cache_usage_ratio"
     }
 
 
@@ -484,6 +499,14 @@ def test_dashboard_covers_the_serving_questions() -> None:
         s.METRIC_TOKENS,
         engine_telemetry.METRIC_KV_BLOCKS_USED,
         engine_telemetry.METRIC_KV_BLOCKS_TOTAL,
+        s.METRIC_KV_CACHE_USAGE,
+        s.METRIC_SCHEDULER_REQUESTS,
+        s.METRIC_PREFIX_CACHE_HITS,
+        s.METRIC_PREFIX_CACHE_QUERIES,
+        s.METRIC_SPEC_DRAFT_TOKENS,
+        s.METRIC_SPEC_ACCEPTED_TOKENS,
+        s.METRIC_STEP_TOKENS,
+        s.METRIC_SAMPLING_DECISIONS,
     ):
         kind, unit = metric_kinds()[name]
         assert prometheus_metric_names(name, kind, unit) & used, f"no panel charts {name}"

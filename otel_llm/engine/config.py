@@ -39,6 +39,7 @@ class EngineConfig:
     max_num_seqs: int = 16  # most sequences in one step
     device: str = "cpu"  # "cpu", "cuda" or "cuda:N"; "cuda" fails early when no GPU is present
     printable_only: bool = True  # sample only bytes 32..126, so random weights still print as text
+    enable_prefix_caching: bool = True  # reuse the KV blocks of a prefix seen before, as vLLM does
     step_spans: bool = False  # emit one llm.engine.step span per step (off: a span per step costs ~13 us)
 
     def __post_init__(self) -> None:

@@ -67,6 +67,11 @@ class LLMEngine:
         self.scheduler = Scheduler(self.config)
         self.runner = ModelRunner(self.config, self.scheduler.block_manager)
         self.tracker = tracker
+        # A hook with engine_state() (RequestTracker) also takes the engine's own state and, on
+        # scheduled(), the prompt tokens each request found in the prefix cache.
+        self._reports_state = tracker is not None and hasattr(tracker, "engine_state")
+        self._prefix_hits_reported = 0
+        self._prefix_queries_reported = 0
         self.telemetry = EngineTelemetry(
             self.scheduler, meter_provider, tracer_provider, step_spans=self.config.step_spans
         )
@@ -134,9 +139,15 @@ class LLMEngine:
         if tracker is not None and batch.preempted:
             tracker.preempted([s.request_id for s in batch.preempted], ts=sched_ts)
         if tracker is not None and batch.newly_scheduled:
-            tracker.scheduled([s.request_id for s in batch.newly_scheduled], ts=sched_ts)
+            ids = [s.request_id for s in batch.newly_scheduled]
+            if self._reports_state:
+                cached = [s.num_cached_tokens or 0 for s in batch.newly_scheduled]
+                tracker.scheduled(ids, ts=sched_ts, cached_tokens=cached)
+            else:
+                tracker.scheduled(ids, ts=sched_ts)
         if batch.is_empty():
             self.telemetry.record_step([], 0, 0, len(batch.preempted), 0.0, sched_ts, sched_ts)
+            self._report_state(0)
             return []
         decode_tokens = sum(1 for s in batch.seqs if not s.is_prefill)
         next_tokens = self.runner.run(batch)
@@ -144,8 +155,10 @@ class LLMEngine:
 
         outputs: list[RequestOutput] = []
         finished: list[Sequence] = []
+        block_manager = self.scheduler.block_manager
         for seq, n, token in zip(batch.seqs, batch.num_new_tokens, next_tokens, strict=True):
             seq.num_computed_tokens += n
+            block_manager.register_full_blocks(seq)
             if token is None:
                 continue  # a prefill chunk that does not reach the end yet
             seq.output_token_ids.append(token)
@@ -161,6 +174,7 @@ class LLMEngine:
                 tracker.finished(seq.request_id, reason=seq.finish_reason, ts=ts)
         for seq in finished:
             del self._seqs[seq.request_id]
+        self._report_state(batch.num_tokens)
         self.telemetry.record_step(
             batch.seqs,
             batch.num_tokens - decode_tokens,
@@ -171,6 +185,22 @@ class LLMEngine:
             ts,
         )
         return outputs
+
+    def _report_state(self, step_tokens: int) -> None:
+        """The step's end state to the hook's engine_state(): one call per step, numbers only."""
+        if not self._reports_state:
+            return
+        sched = self.scheduler
+        queries, hits = sched.prefix_cache_queries, sched.prefix_cache_hits
+        self.tracker.engine_state(  # type: ignore[union-attr]
+            kv_cache_usage=sched.block_manager.usage,
+            running=len(sched.running),
+            waiting=len(sched.waiting),
+            prefix_cache_queries=queries - self._prefix_queries_reported,
+            prefix_cache_hits=hits - self._prefix_hits_reported,
+            step_tokens=step_tokens or None,
+        )
+        self._prefix_queries_reported, self._prefix_hits_reported = queries, hits
 
     @staticmethod
     def _finish_reason(seq: Sequence, token: int) -> str | None:

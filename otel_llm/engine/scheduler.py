@@ -37,10 +37,15 @@ class ScheduledBatch:
 class Scheduler:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self.block_manager = BlockManager(config.num_kv_blocks, config.block_size)
+        self.block_manager = BlockManager(
+            config.num_kv_blocks, config.block_size, config.enable_prefix_caching
+        )
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order: the last one is the next to preempt
         self.num_preemptions = 0
+        # Prefix cache since start, in tokens: looked up at admission, and found cached.
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -73,14 +78,22 @@ class Scheduler:
             return batch
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
+            cached = self.block_manager.allocate_cached_prefix(seq)
+            seq.num_computed_tokens = cached
             n = min(seq.num_uncomputed_tokens, budget)
             # A preempted sequence comes back only when its whole context (prompt + tokens so far) fits:
             # re-admitting it for one chunk would evict it again a step later, over and over.
-            need = seq.num_tokens if seq.num_preemptions else n
+            need = seq.num_tokens if seq.num_preemptions else cached + n
             if not self.block_manager.can_allocate(seq, need):
+                self.block_manager.free(seq)  # the cached blocks wait with it
+                seq.num_computed_tokens = 0
                 break  # first come, first served: nobody overtakes the head of the queue
             self.waiting.popleft()
-            self.block_manager.allocate(seq, n)
+            self.prefix_cache_queries += seq.num_tokens
+            self.prefix_cache_hits += cached
+            if seq.num_cached_tokens is None:
+                seq.num_cached_tokens = cached
+            self.block_manager.allocate(seq, cached + n)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             batch.seqs.append(seq)

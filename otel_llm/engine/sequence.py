@@ -19,9 +19,11 @@ class Sequence:
     """
 
     __slots__ = (
+        "block_hashes",
         "block_table",
         "finish_reason",
         "max_tokens",
+        "num_cached_tokens",
         "num_computed_tokens",
         "num_preemptions",
         "output_token_ids",
@@ -47,6 +49,9 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
         self.block_table: list[int] = []
+        self.block_hashes: list[int] = []  # prefix-cache hashes of its leading full blocks
+        # Prompt tokens found in the prefix cache when first scheduled (None until then).
+        self.num_cached_tokens: int | None = None
         self.num_preemptions = 0
         self.finish_reason: str | None = None
         self.trace_link: object | None = None  # SpanContext of the request span, for step-span links

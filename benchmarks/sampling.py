@@ -1,0 +1,214 @@
+"""Section 7: tail sampling and trace detail levels, side by side in one run.
+
+(a) The reference engine at batch 64 (benchmarks/engine.py's workload, which preempts): steps per second
+    without a tracker, with one keeping every trace, and with tail sampling keeping 5 % plus the failed,
+    preempted and slow ones (TTFT over 1 s, end to end over 10 s), runs interleaved.
+(b) finished() of a 128-token request, 64 at a time (benchmarks/finish.py's driver): tail sampling off
+    (today's path), on and keeping the request, on and dropping it; the bare SDK spans as the floor.
+(c) For each detail level x {every trace, tail 5 % + preempted + slow}: the reference engine's run
+    exporting through an exporter that encodes every span batch as an OTLP protobuf request (what an OTLP
+    exporter sends, before compression) and discards it; spans and bytes per second of engine run time,
+    and per request.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+
+from benchmarks.engine import one_run
+from benchmarks.finish import BareSdkSpans, _tags, drive
+from benchmarks.providers import discarding_providers
+from benchmarks.report import Measure
+from benchmarks.timing import compare, perf_ns
+from otel_llm import RequestTracker
+from otel_llm.sampling import TailSampling
+from otel_llm.steps import DETAILS
+
+TAIL = TailSampling(ratio=0.05, ttft_s=1.0, e2e_s=10.0)
+SETTINGS = {"every trace": False, "tail 5 % + preempted + slow": TAIL}
+
+
+class OtlpSizeExporter(SpanExporter):
+    """Encodes each batch as an OTLP ExportTraceServiceRequest (protobuf) and counts spans and bytes."""
+
+    def __init__(self) -> None:
+        from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+        self._encode = encode_spans
+        self.spans = 0
+        self.bytes = 0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.spans += len(spans)
+        self.bytes += len(self._encode(spans).SerializeToString())
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+
+def _engine_rates(quick: bool, rounds: int) -> list[Measure]:
+    providers = discarding_providers()
+    requests, max_tokens = (8, 4) if quick else (96, 24)
+    one_run(None, requests, max_tokens)  # warm-up
+    variants: dict[str, Any] = {"without the tracker": None, **SETTINGS}
+    rates: dict[str, list[float]] = {name: [] for name in variants}
+    spans: dict[str, int] = {}
+    for _ in range(rounds):
+        for name, setting in variants.items():
+            tracker = None
+            if setting is not None:
+                tracker = RequestTracker(
+                    tracer_provider=providers.tracer_provider,
+                    meter_provider=providers.meter_provider,
+                    model="tiny",
+                    tail_sampling=setting,
+                    trace_detail="phases",
+                )
+            before = providers.exporter.count
+            steps, seconds = one_run(tracker, requests, max_tokens)
+            rates[name].append(steps / seconds)
+            spans[name] = providers.exporter.count - before
+    providers.shutdown()
+    without = statistics.median(rates["without the tracker"])
+    note = f"{requests} requests x {max_tokens} tokens, batch up to 64, {rounds} runs each, interleaved"
+    out = []
+    for name in SETTINGS:
+        ours = statistics.median(rates[name])
+        out.append(
+            Measure(
+                "sampling",
+                f"engine steps per second, {name}",
+                "steps/s",
+                ours,
+                {"without the tracker": without},
+                spread=(min(rates[name]), max(rates[name])),
+                note=f"{note}; {spans[name]} spans per run",
+            )
+        )
+        out.append(
+            Measure("sampling", f"engine steps per second lost, {name}", "fraction", 1 - ours / without)
+        )
+    return out
+
+
+def _finish_costs(quick: bool, rounds: int) -> list[Measure]:
+    batch, tokens = (4, 16) if quick else (64, 128)
+    providers, bare_p = discarding_providers(), discarding_providers()
+    trackers = {
+        "off": RequestTracker(
+            tracer_provider=providers.tracer_provider,
+            meter_provider=providers.meter_provider,
+            tail_sampling=False,
+        ),
+        "on, kept": RequestTracker(
+            tracer_provider=providers.tracer_provider,
+            meter_provider=providers.meter_provider,
+            tail_sampling=TailSampling(ratio=1.0),
+        ),
+        "on, dropped": RequestTracker(
+            tracer_provider=providers.tracer_provider,
+            meter_provider=providers.meter_provider,
+            tail_sampling=TailSampling(ratio=0.0),
+        ),
+    }
+    bare = BareSdkSpans(bare_p.tracer_provider, tokens, False, 100.0)
+
+    def finishing(tracker: RequestTracker) -> Any:
+        def run() -> tuple[int, int]:
+            ids = [f"req-{next(_tags)}-{i}" for i in range(batch)]
+            end = drive(tracker, ids, tokens, False, 100.0, finish=False)
+            start = perf_ns()
+            for rid in ids:
+                tracker.finished(rid, ts=end)
+            return perf_ns() - start, batch
+
+        return run
+
+    def bare_sdk() -> tuple[int, int]:
+        start = perf_ns()
+        for i in range(batch):
+            bare.finished(i)
+        return perf_ns() - start, batch
+
+    t = compare(
+        {**{name: finishing(tr) for name, tr in trackers.items()}, "bare SDK spans": bare_sdk}, rounds
+    )
+    providers.shutdown()
+    bare_p.shutdown()
+    return [
+        Measure(
+            "sampling",
+            f"finished(), {tokens} output tokens, tail sampling {name}",
+            "ns",
+            t[name].median_ns,
+            {"tail sampling off": t["off"].median_ns, "bare SDK spans": t["bare SDK spans"].median_ns}
+            if name != "off"
+            else {"bare SDK spans": t["bare SDK spans"].median_ns},
+            spread=(t[name].low_ns, t[name].high_ns),
+        )
+        for name in trackers
+    ]
+
+
+def _volume(quick: bool) -> list[Measure]:
+    from opentelemetry.sdk.metrics import MeterProvider  # no reader: the metrics are not the point here
+
+    # Quick mode still runs 64 requests, so the KV cache overflows and tail sampling has preempted ones
+    # to keep (every setting exports spans).
+    requests, max_tokens = (64, 8) if quick else (96, 24)
+    out = []
+    for detail in DETAILS:
+        for name, setting in SETTINGS.items():
+            exporter = OtlpSizeExporter()
+            tracer_provider = TracerProvider(shutdown_on_exit=False)
+            tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+            meter_provider = MeterProvider(shutdown_on_exit=False)
+            tracker = RequestTracker(
+                tracer_provider=tracer_provider,
+                meter_provider=meter_provider,
+                model="tiny",
+                tail_sampling=setting,
+                trace_detail=detail,
+            )
+            started = time.perf_counter()
+            one_run(tracker, requests, max_tokens)
+            seconds = time.perf_counter() - started
+            tracer_provider.shutdown()
+            meter_provider.shutdown()
+            what = f"detail {detail}, {name}"
+            per_request = (
+                f"{exporter.spans / requests:.1f} spans, {exporter.bytes / requests:,.0f} B per request"
+            )
+            out.append(
+                Measure("sampling", f"spans exported per second, {what}", "spans/s", exporter.spans / seconds)
+            )
+            out.append(
+                Measure(
+                    "sampling",
+                    f"OTLP bytes per second, {what}",
+                    "B/s",
+                    exporter.bytes / seconds,
+                    note=per_request,
+                )
+            )
+    return out
+
+
+def run(quick: bool, rounds: int) -> list[Measure]:
+    try:
+        import torch
+    except ImportError:
+        return [Measure("sampling", "skipped: torch is not installed", "steps/s", float("nan"))]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _engine_rates(quick, rounds) + _finish_costs(quick, rounds) + _volume(quick)
+    finally:
+        torch.set_num_threads(threads)

@@ -1,0 +1,132 @@
+"""The engine's own state, reported through ``RequestTracker.engine_state()`` and exported as metrics.
+
+An engine calls ``engine_state()`` once per step or once per stats interval (vLLM's ``SchedulerStats``
+cadence). The call only stores numbers and adds to plain ints; the OpenTelemetry instruments read them
+at collection time:
+
+| metric | instrument | unit | from |
+|---|---|---|---|
+| ``llm.server.kv_cache.usage`` | gauge | 1 | ``kv_cache_usage``: fraction of KV-cache blocks in use, 0..1 |
+| ``llm.server.scheduler.requests`` | gauge | {request} | ``running`` / ``waiting`` (``llm.request.state``) |
+| ``llm.server.prefix_cache.queries`` | counter | {token} | ``prefix_cache_queries``: tokens looked up |
+| ``llm.server.prefix_cache.hits`` | counter | {token} | ``prefix_cache_hits``: of those, found in the cache |
+| ``llm.server.spec_decode.draft_tokens`` | counter | {token} | ``spec_drafted_tokens`` |
+| ``llm.server.spec_decode.accepted_tokens`` | counter | {token} | ``spec_accepted_tokens`` |
+| ``llm.server.step.tokens`` | histogram | {token} | ``step_tokens``: tokens fed to the model in one step |
+
+Counter arguments are increments since the previous call; gauges are the latest values. A metric is
+exported from the first call that reports it on. The histogram is a ``BucketHistogram`` of the tracker's
+``RequestMetrics``, so it reaches every reader through the SDK bridge like the latency histograms.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any
+
+from otel_llm import semconv as sc
+from otel_llm.metrics import RequestMetrics
+
+# (argument / attribute, metric name, description) of each counter.
+_COUNTERS = (
+    ("prefix_cache_queries", sc.METRIC_PREFIX_CACHE_QUERIES, "Prompt tokens looked up in the prefix cache"),
+    ("prefix_cache_hits", sc.METRIC_PREFIX_CACHE_HITS, "Prompt tokens found in the prefix cache"),
+    ("spec_drafted_tokens", sc.METRIC_SPEC_DRAFT_TOKENS, "Speculative tokens proposed by the drafter"),
+    ("spec_accepted_tokens", sc.METRIC_SPEC_ACCEPTED_TOKENS, "Speculative tokens accepted by the target"),
+)
+
+
+def count(name: str, value: Any) -> int:
+    """A non-negative int count, or TypeError / ValueError saying what to pass."""
+    if value.__class__ is not int:
+        if isinstance(value, bool) or not hasattr(value, "__index__"):
+            raise TypeError(f"{name} must be an int count, got {value!r}")
+        value = int(value)
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value!r}")
+    return value
+
+
+class EngineState:
+    """The latest gauges and the counter totals of one tracker's engine (one lock of its own)."""
+
+    def __init__(self, metrics: RequestMetrics) -> None:
+        self._metrics = metrics
+        self._lock = threading.Lock()
+        self.kv_cache_usage: float | None = None
+        self.running: int | None = None
+        self.waiting: int | None = None
+        self.totals: dict[str, int | None] = {arg: None for arg, _, _ in _COUNTERS}
+        metrics.observe(
+            sc.METRIC_KV_CACHE_USAGE,
+            sc.UNIT_RATIO,
+            "Fraction of KV-cache blocks in use (0..1)",
+            self._observe_usage,
+            counter=False,
+            gauge=True,
+        )
+        metrics.observe(
+            sc.METRIC_SCHEDULER_REQUESTS,
+            sc.UNIT_REQUEST,
+            "Requests in the engine's running batch and waiting queue, as the engine counts them",
+            self._observe_requests,
+            counter=False,
+            gauge=True,
+        )
+        for arg, name, description in _COUNTERS:
+            metrics.observe(name, sc.UNIT_TOKEN, description, self._counter_callback(arg), counter=True)
+
+    def update(
+        self,
+        kv_cache_usage: float | None,
+        running: int | None,
+        waiting: int | None,
+        increments: dict[str, int],
+        step_tokens: int | None,
+    ) -> None:
+        """Store one report (arguments already checked)."""
+        with self._lock:
+            if kv_cache_usage is not None:
+                self.kv_cache_usage = kv_cache_usage
+            if running is not None:
+                self.running = running
+            if waiting is not None:
+                self.waiting = waiting
+            totals = self.totals
+            for arg, n in increments.items():
+                totals[arg] = (totals[arg] or 0) + n
+        if step_tokens is not None:
+            self._metrics.record_step_tokens(step_tokens)
+
+    def _observe_usage(self) -> list[tuple[float, dict[str, Any]]]:
+        usage = self.kv_cache_usage
+        return [] if usage is None else [(usage, {})]
+
+    def _observe_requests(self) -> list[tuple[float, dict[str, Any]]]:
+        out: list[tuple[float, dict[str, Any]]] = []
+        if self.running is not None:
+            out.append((self.running, {sc.LLM_REQUEST_STATE: sc.STATE_RUNNING}))
+        if self.waiting is not None:
+            out.append((self.waiting, {sc.LLM_REQUEST_STATE: sc.STATE_WAITING}))
+        return out
+
+    def _counter_callback(self, arg: str) -> Any:
+        def observe() -> list[tuple[float, dict[str, Any]]]:
+            total = self.totals[arg]
+            return [] if total is None else [(total, {})]
+
+        return observe
+
+
+def usage(value: Any) -> float:
+    """A KV-cache usage fraction in [0, 1], or TypeError / ValueError saying what to pass."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        try:
+            value = float(value)  # numpy scalars and the like
+        except (TypeError, ValueError):
+            raise TypeError(f"kv_cache_usage must be a fraction between 0 and 1, got {value!r}") from None
+    value = float(value)
+    if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+        raise ValueError(f"kv_cache_usage must be a fraction between 0 and 1 (used / all blocks): {value!r}")
+    return value

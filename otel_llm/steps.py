@@ -1,0 +1,137 @@
+"""Trace detail levels, and the engine steps behind the ``steps`` level.
+
+Three levels, one setting (``RequestTracker(trace_detail=...)`` or ``OTEL_LLM_TRACE_DETAIL``):
+
+- ``request``: one ``llm.request`` span per request, with its latency attributes and events (vLLM's shape);
+- ``phases`` (the default): ``llm.request`` with its phase and preemption spans (lifecycle.md);
+- ``steps``: ``phases`` plus ``llm.engine.step`` spans under ``llm.prefill`` / ``llm.decode``: the engine
+  steps (``tokens()`` calls) taken while the request was in the running batch, each from the previous
+  step to its own tokens event.
+
+Volume is bounded twice: the tracker remembers the last ``STEP_LOG_SIZE`` steps (one record per
+``tokens()`` call, shared by the whole batch, so the hot path gains one append per step, none per
+request), and a request gets spans for at most ``MAX_STEP_SPANS`` of its steps: the longest ones, the
+steps that explain its latency. ``llm.request`` then carries ``llm.engine.steps`` (steps it ran in, as
+far as the log reaches) and ``llm.engine.steps.unspanned`` (how many of them got no span).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+from otel_llm import semconv as sc
+from otel_llm.timeline import FinishedRequest
+
+DETAIL_REQUEST = "request"
+DETAIL_PHASES = "phases"
+DETAIL_STEPS = "steps"
+DETAILS = (DETAIL_REQUEST, DETAIL_PHASES, DETAIL_STEPS)
+ENV_TRACE_DETAIL = "OTEL_LLM_TRACE_DETAIL"
+
+STEP_LOG_SIZE = 4096  # engine steps remembered (about 4096 * 100 bytes)
+MAX_STEP_SPANS = 16  # llm.engine.step spans per request
+
+
+def resolve_detail(value: str | None) -> str:
+    """The detail level to use: ``value``, else ``OTEL_LLM_TRACE_DETAIL``, else ``phases``."""
+    source = "trace_detail"  # the tracker's argument
+    if value is None:
+        value = os.environ.get(ENV_TRACE_DETAIL, "").strip().lower() or DETAIL_PHASES
+        source = ENV_TRACE_DETAIL
+    if value not in DETAILS:
+        raise ValueError(f"{source} must be one of {', '.join(DETAILS)}; got {value!r}")
+    return value
+
+
+class StepRecord:
+    """One engine step as the tracker saw it: its tokens event (monotonic seconds), its index among the
+    tracker's tokens() calls, the requests that produced tokens, and what ``engine_state()`` said."""
+
+    __slots__ = ("batch_size", "index", "kv_cache_usage", "tokens", "ts")
+
+    def __init__(self, ts: float, index: int, batch_size: int) -> None:
+        self.ts = ts
+        self.index = index
+        self.batch_size = batch_size
+        self.tokens: int | None = None  # tokens fed to the model in the step, from engine_state()
+        self.kv_cache_usage: float | None = None
+
+
+class StepLog:
+    """The last ``size`` engine steps, in time order."""
+
+    def __init__(self, size: int = STEP_LOG_SIZE) -> None:
+        self.records: deque[StepRecord] = deque(maxlen=size)
+
+    def add(self, ts: float, index: int, batch_size: int) -> None:
+        """One tokens() call. Caller holds the tracker's lock."""
+        self.records.append(StepRecord(ts, index, batch_size))
+
+    def latest(self) -> StepRecord | None:
+        return self.records[-1] if self.records else None
+
+    def since(self, start: float | None) -> list[StepRecord]:
+        """A copy of the logged steps from the last one at or before ``start`` (monotonic seconds) on.
+        Caller holds the tracker's lock: the engine thread appends while requests finish elsewhere."""
+        if start is None:
+            return []
+        tail: list[StepRecord] = []
+        for record in reversed(self.records):
+            tail.append(record)
+            if record.ts <= start:
+                break
+        tail.reverse()
+        return tail
+
+
+def of_request(fin: FinishedRequest, recent: list[StepRecord]) -> list[tuple[float, StepRecord]]:
+    """(span start, step) for each of ``recent`` taken while the request was running, in time order.
+
+    Running windows: [S1, P_1], [R_1, P_2], ... up to the last tokens event L. A step belongs to a window
+    when its tokens event is inside it (bounds included); its span starts at the previous
+    logged step, or at the window's start when that is later."""
+    last = fin.last_token
+    if fin.timeline.first_scheduled is None or last is None:
+        return []
+    windows = list(_windows(fin, last))
+    out: list[tuple[float, StepRecord]] = []
+    prev_ts: float | None = None
+    for record in recent:
+        ts = record.ts
+        for lo, hi in windows:
+            if lo <= ts <= hi:
+                out.append((lo if prev_ts is None or prev_ts < lo else prev_ts, record))
+                break
+        prev_ts = ts
+    return out
+
+
+def _windows(fin: FinishedRequest, last: float) -> Iterator[tuple[float, float]]:
+    tl = fin.timeline
+    begin: float | None = tl.first_scheduled
+    for p in tl.preemptions:
+        if begin is not None:
+            yield begin, min(p.preempted, last)
+        begin = p.rescheduled
+    if begin is not None:
+        yield begin, last
+
+
+def longest(steps: list[tuple[float, StepRecord]], cap: int) -> list[tuple[float, StepRecord]]:
+    """At most ``cap`` of ``steps``: the longest, kept in time order."""
+    if len(steps) <= cap:
+        return steps
+    chosen = sorted(range(len(steps)), key=lambda i: steps[i][1].ts - steps[i][0], reverse=True)[:cap]
+    return [steps[i] for i in sorted(chosen)]
+
+
+def step_attributes(record: StepRecord) -> dict[str, Any]:
+    attrs: dict[str, Any] = {sc.LLM_STEP_INDEX: record.index, sc.LLM_STEP_BATCH_SIZE: record.batch_size}
+    if record.tokens is not None:
+        attrs[sc.LLM_STEP_TOKENS] = record.tokens
+    if record.kv_cache_usage is not None:
+        attrs[sc.LLM_STEP_KV_CACHE_USAGE] = record.kv_cache_usage
+    return attrs
