@@ -54,7 +54,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = min(seq.num_uncomputed_tokens, budget)
+            n = self._chunk(seq, budget)
             while not self.block_manager.can_allocate(seq, seq.num_computed_tokens + n):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -73,14 +73,15 @@ class Scheduler:
             return batch
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
-            n = min(seq.num_uncomputed_tokens, budget)
+            n = self._chunk(seq, budget)
             # A preempted sequence comes back only when its whole context (prompt + tokens so far) fits:
             # re-admitting it for one chunk would evict it again a step later, over and over.
-            need = seq.num_tokens if seq.num_preemptions else n
+            # A request handed in with its prompt's K/V needs blocks for all of them at once, too.
+            need = seq.num_tokens if seq.num_preemptions else seq.num_computed_tokens + n
             if not self.block_manager.can_allocate(seq, need):
                 break  # first come, first served: nobody overtakes the head of the queue
             self.waiting.popleft()
-            self.block_manager.allocate(seq, n)
+            self.block_manager.allocate(seq, seq.num_computed_tokens + n)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             batch.seqs.append(seq)
@@ -88,6 +89,12 @@ class Scheduler:
             batch.newly_scheduled.append(seq)
             budget -= n
         return batch
+
+    def _chunk(self, seq: Sequence, budget: int) -> int:
+        """Tokens of ``seq`` to feed this step: what is left, within the budget and the prefill cap."""
+        n = min(seq.num_uncomputed_tokens, budget)
+        cap = self.config.long_prefill_token_threshold
+        return min(n, cap) if cap > 0 else n
 
     def _preempt(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
