@@ -30,7 +30,7 @@ STYLES: dict[str, tuple[str, str]] = {
     sc.SPAN_PREEMPTED: ("░", "red"),
     sc.SPAN_RECOMPUTE: ("▚", "magenta"),
     sc.SPAN_INSTANCE_PREFILL: ("━", "bright_cyan"),
-    sc.SPAN_INSTANCE_DECODE: ("━", "bright_green"),
+    sc.SPAN_INSTANCE_DECODE: ("┅", "bright_green"),
     sc.SPAN_KV_TRANSFER: ("⇄", "bright_magenta"),
 }
 GAP = ("·", "red")  # the time a prefill or decode phase spent evicted
@@ -44,6 +44,8 @@ LEGEND = (
     (sc.SPAN_PREEMPTED, "evicted"),
     (sc.SPAN_RECOMPUTE, "recompute"),
     (sc.SPAN_KV_TRANSFER, "KV transfer"),
+    (sc.SPAN_INSTANCE_PREFILL, "prefill instance"),
+    (sc.SPAN_INSTANCE_DECODE, "decode instance"),
 )
 Segment = tuple[str, str | None]  # text and its rich style (None: plain)
 Line = list[Segment]
