@@ -13,24 +13,54 @@ from otel_llm.timeline import FinishedRequest
 class Intervals:
     """queue = S1 - Q; prefill = F - S1; decode = L - F; inference = L - S1; ttft = F - A; e2e = E - A;
     tpot = (L - F) / (output_tokens - 1). Waiting after a preemption is never queue time: a preemption
-    before F lengthens prefill and TTFT, one after F lengthens decode and inference."""
+    before F lengthens prefill and TTFT, one after F lengthens decode and inference.
 
-    __slots__ = ("decode", "e2e", "failed", "inference", "prefill", "queue", "tpot", "ttft")
+    Disaggregated serving (K: the end of the KV transfer on this instance), each instance measuring the
+    part of the request it served:
+
+    - prefill instance, request handed off at K: queue = S1 - Q, prefill = F - S1, kv_transfer = K - F
+      (the KV cache held and sent after the first token); the request-level values (TTFT, TPOT, e2e,
+      decode, inference) belong to the decode instance and are None here;
+    - decode instance, request handed in (A is the prefill instance's arrival, carried with the KV):
+      kv_transfer = K - Q, queue = S1 - K, decode = inference = L - S1 (its first step already yields a
+      token), TTFT = F - A with F the first tokens event here (the first token, produced by the prefill
+      instance, is delivered with it), TPOT = (L - F) / (output_tokens - 1), e2e = E - A.
+    """
+
+    __slots__ = ("decode", "e2e", "failed", "inference", "kv_transfer", "prefill", "queue", "tpot", "ttft")
 
     def __init__(self, fin: FinishedRequest) -> None:
         tl = fin.timeline
         s1, first, last = tl.first_scheduled, tl.first_token, fin.last_token
         self.failed = fin.reason in sc.FAILED_REASONS
-        self.e2e = fin.finished - tl.arrival
+        self.e2e: float | None = fin.finished - tl.arrival
         self.queue = None if s1 is None else s1 - tl.queued
+        self.kv_transfer: float | None = None
+        self.prefill: float | None = None
+        self.decode: float | None = None
+        self.inference: float | None = None
+        self.ttft: float | None = None
+        self.tpot: float | None = None
+        if fin.handed_off:
+            self.kv_transfer = fin.finished - (first if first is not None else tl.last_event)
+            self.prefill = None if first is None or s1 is None else first - s1
+            self.e2e = None
+            return
+        if tl.handed_in:
+            ready = tl.queued if tl.kv_done is None else tl.kv_done
+            if tl.kv_done is not None:
+                self.kv_transfer = tl.kv_done - tl.queued
+            self.queue = None if s1 is None else s1 - ready
         if first is None or s1 is None or last is None:
-            self.prefill = self.decode = self.inference = self.ttft = self.tpot = None
             return
         self.prefill = first - s1
         self.decode = last - first
         self.inference = last - s1
         self.ttft = first - tl.arrival
         self.tpot = self.decode / (tl.output_tokens - 1) if tl.output_tokens > 1 else None
+        if tl.handed_in:
+            self.prefill = None
+            self.decode = self.inference
 
     def span_attributes(self) -> dict[str, float]:
         values = {
@@ -40,5 +70,6 @@ class Intervals:
             sc.LLM_LATENCY_INFERENCE: self.inference,
             sc.LLM_LATENCY_TTFT: self.ttft,
             sc.LLM_LATENCY_E2E: self.e2e,
+            sc.LLM_LATENCY_KV_TRANSFER: self.kv_transfer,
         }
         return {key: value for key, value in values.items() if value is not None}

@@ -82,6 +82,13 @@ _LATENCIES = (
         sc.BUCKETS_STEP_TOKENS,
         "Tokens the engine fed its model in one step (from RequestTracker.engine_state)",
     ),
+    (
+        "kv_transfer",
+        sc.METRIC_KV_TRANSFER,
+        sc.BUCKETS_PHASE,
+        "KV-cache transfer of a disaggregated request, per instance (llm.role): sent - first token on "
+        "the prefill instance, received - queued on the decode instance",
+    ),
 )
 # Histograms whose values are not seconds.
 _UNITS = {sc.METRIC_STEP_TOKENS: sc.UNIT_TOKEN}
@@ -119,6 +126,7 @@ class RequestMetrics:
         self.input_tokens = 0
         self.output_tokens = 0
         self.preemptions = 0
+        self.kv_bytes = 0
         self.observe(
             sc.METRIC_REQUESTS,
             sc.UNIT_REQUEST,
@@ -138,6 +146,13 @@ class RequestMetrics:
             sc.UNIT_PREEMPTION,
             "Preemptions of running requests",
             self._observe_preemptions,
+            counter=True,
+        )
+        self.observe(
+            sc.METRIC_KV_TRANSFER_BYTES,
+            sc.UNIT_BYTES,
+            "KV-cache bytes of disaggregated requests: sent (llm.role prefill) or received (decode)",
+            self._observe_kv_bytes,
             counter=True,
         )
 
@@ -277,18 +292,24 @@ class RequestMetrics:
         reason = fin.reason if fin.reason in sc.KNOWN_FINISH_REASONS else sc.REASON_OTHER
         with self._lock:
             ref = self._exemplar_ref(span, time_ns)
-            (self.duration if error_type is None else self._failed(error_type)).add(iv.e2e, ref)
-            self.requests[reason] = self.requests.get(reason, 0) + 1
+            if not fin.handed_off:  # request-level values: the instance where the request ends
+                (self.duration if error_type is None else self._failed(error_type)).add(iv.e2e, ref)
+                self.requests[reason] = self.requests.get(reason, 0) + 1
             if iv.queue is not None:
                 self.queue.add(iv.queue, ref)
             if iv.prefill is not None:
                 self.prefill.add(iv.prefill, ref)
+            if iv.decode is not None:
                 self.decode.add(iv.decode, ref)
                 self.inference.add(iv.inference, ref)
-                if not iv.failed:
-                    self.ttft.add(iv.ttft, ref)
-                    if iv.tpot is not None:
-                        self.tpot.add(iv.tpot, ref)
+            if iv.ttft is not None and not iv.failed:
+                self.ttft.add(iv.ttft, ref)
+                if iv.tpot is not None:
+                    self.tpot.add(iv.tpot, ref)
+            if iv.kv_transfer is not None:
+                self.kv_transfer.add(iv.kv_transfer, ref)
+            if tl.kv_bytes:
+                self.kv_bytes += tl.kv_bytes
             if tl.preemptions:
                 self.preemptions += len(tl.preemptions)
                 end = fin.finished
@@ -297,6 +318,8 @@ class RequestMetrics:
                     self.preempted.add((resumed if resumed is not None else end) - p.preempted, ref)
                     if resumed is not None and p.recomputed is not None:
                         self.recompute.add(p.recomputed - resumed, ref)
+            if fin.handed_off:
+                return  # its tokens are counted once, by the decode instance that finishes it
             if tl.prompt_tokens:
                 self.input_tokens += tl.prompt_tokens
             self.output_tokens += tl.output_tokens
@@ -355,6 +378,9 @@ class RequestMetrics:
 
     def _observe_preemptions(self) -> list[tuple[float, dict[str, Any]]]:
         return [(self.preemptions, {})] if self.preemptions else []
+
+    def _observe_kv_bytes(self) -> list[tuple[float, dict[str, Any]]]:
+        return [(self.kv_bytes, {})] if self.kv_bytes else []
 
 
 class _ExemplarRef:

@@ -19,12 +19,19 @@ SPAN_DECODE = "llm.decode"
 SPAN_PREEMPTED = "llm.preempted"
 SPAN_RECOMPUTE = "llm.recompute"
 SPAN_ENGINE_STEP = "llm.engine.step"
+# Disaggregated serving (a prefill instance hands the request and its KV cache to a decode instance):
+# each instance's part of the request, under the one llm.request, and the KV transfer on each side.
+SPAN_INSTANCE_PREFILL = "llm.instance.prefill"
+SPAN_INSTANCE_DECODE = "llm.instance.decode"
+SPAN_KV_TRANSFER = "llm.kv_transfer"
 
 # --- span events on llm.request ----------------------------------------------------------------------
 EVENT_QUEUED = "llm.queued"
 EVENT_SCHEDULED = "llm.scheduled"
 EVENT_FIRST_TOKEN = "llm.first_token"
 EVENT_PREEMPTED = "llm.preempted"
+EVENT_KV_SENT = "llm.kv_sent"  # on llm.instance.prefill: the KV cache left this instance
+EVENT_KV_RECEIVED = "llm.kv_received"  # on llm.instance.decode: the KV cache is in this instance
 
 # --- attributes ---------------------------------------------------------------------------------------
 GEN_AI_PROVIDER_NAME = "gen_ai.provider.name"
@@ -69,6 +76,16 @@ LLM_LATENCY_DECODE = "llm.latency.decode"
 LLM_LATENCY_INFERENCE = "llm.latency.inference"
 LLM_LATENCY_TTFT = "llm.latency.time_to_first_token"
 LLM_LATENCY_E2E = "llm.latency.e2e"
+LLM_LATENCY_KV_TRANSFER = "llm.latency.kv_transfer"
+
+# The role of the engine instance a tracker reports for (on every span and metric point of a tracker
+# whose role is not ROLE_BOTH), and the bytes of a request's KV transfer (on llm.kv_transfer).
+LLM_ROLE = "llm.role"
+ROLE_PREFILL = "prefill"
+ROLE_DECODE = "decode"
+ROLE_BOTH = "both"
+ROLES = (ROLE_PREFILL, ROLE_DECODE, ROLE_BOTH)
+LLM_KV_TRANSFER_BYTES = "llm.kv_transfer.bytes"
 
 # Values of gen_ai.token.type and llm.request.state.
 TOKEN_TYPE_INPUT = "input"
@@ -83,6 +100,8 @@ REASON_LENGTH = "length"
 REASON_ABORT = "abort"
 REASON_ERROR = "error"
 REASON_EVICTED = "evicted"
+# Not a finish: a prefill instance handed the request to a decode instance (kv_sent), which finishes it.
+REASON_HANDED_OFF = "handed_off"
 # The finish reasons a metric attribute keeps as given; any other string counts as REASON_OTHER on metrics
 # (the span keeps the original), so an engine cannot grow the number of time series.
 REASON_OTHER = "other"
@@ -105,6 +124,8 @@ METRIC_PREEMPTIONS = "llm.server.preemptions"
 METRIC_REQUESTS = "llm.server.requests"
 METRIC_TOKENS = "llm.server.tokens"
 METRIC_ACTIVE = "llm.server.requests.active"
+METRIC_KV_TRANSFER = "llm.server.kv_transfer.duration"
+METRIC_KV_TRANSFER_BYTES = "llm.server.kv_transfer.bytes"
 
 # The engine's own state, reported through RequestTracker.engine_state() (once per step or stats interval).
 METRIC_KV_CACHE_USAGE = "llm.server.kv_cache.usage"  # gauge, 1: fraction of KV-cache blocks in use
@@ -130,6 +151,7 @@ UNIT_TOKEN = "{token}"
 UNIT_ANOMALY = "{anomaly}"
 UNIT_RATIO = "1"
 UNIT_DECISION = "{decision}"
+UNIT_BYTES = "By"
 
 # Explicit bucket boundaries, seconds. Each list starts with the GenAI semantic conventions' advice where
 # there is one and goes on to where an overloaded server's values still land in a bucket rather than

@@ -8,6 +8,12 @@ Built once per request when it finishes (lifecycle.md, "The trace"):
     ├─ llm.prefill [S1, F | E]     ── llm.preempted [P_k, R_k | E], llm.recompute [R_k, T_k | E] before F
     └─ llm.decode [F, E]           ── the same pair for each preemption after F
 
+A disaggregated request (README, "Disaggregated prefill and decode") has one ``llm.request``, emitted by
+the decode instance, with each instance's part below it: ``llm.instance.prefill`` [A, K_p] (admission,
+queue, prefill, ``llm.kv_transfer`` [F, K_p]), emitted by the prefill instance when it hands the request
+off, and ``llm.instance.decode`` [Q_d, E] (``llm.kv_transfer`` [Q_d, K_d], queue [K_d, S1_d], decode
+[S1_d, E] with every preemption of that instance).
+
 A request preempted more than ``MAX_PREEMPTION_SPANS`` times gets spans and events for the first ones
 only; the rest are summarised on ``llm.request`` (how many, and the time they spent evicted and
 recomputing), so a thrashing request costs a bounded number of spans on the thread that finishes it.
@@ -28,6 +34,7 @@ from opentelemetry.trace import ProxyTracer, Span, SpanContext, SpanKind, Status
 
 from otel_llm import semconv as sc
 from otel_llm._version import __version__
+from otel_llm.handoff import remote_request_context
 from otel_llm.identity import (
     RANDOM_TRACE_ID_FLAG,
     PresetIds,
@@ -134,6 +141,18 @@ class SpanBuilder:
         # one step of that span's work.
         return SpanKind.INTERNAL if parent is not None and not parent.is_remote else SpanKind.SERVER
 
+    def continue_sampling(self, tl: Timeline, sampled: bool) -> None:
+        """Take the sampling decision of a request handed in by a prefill instance, whose sampler
+        already decided it (the flag of the carried traceparent): the trace is sampled on both sides
+        or on neither, and this instance's sampler is not asked."""
+        self._real_tracer()
+        if self._sampler is None:
+            return
+        from opentelemetry.sdk.trace.sampling import Decision, SamplingResult  # an SDK tracer: loaded
+
+        decision = Decision.RECORD_AND_SAMPLE if sampled else Decision.DROP
+        tl.sampling = (SamplingResult(decision, None, None), frozenset())
+
     def build(
         self,
         fin: FinishedRequest,
@@ -141,37 +160,34 @@ class SpanBuilder:
         before_end: Callable[[Span, FinishedRequest], None] | None = None,
         steps: list[tuple[float, StepRecord]] | None = None,
     ) -> Span:
-        """The request's spans; ``steps``: (span start, step) of the engine steps it ran in, for the
-        ``steps`` detail level (None otherwise)."""
+        """The request's spans; returns the span whose context the metrics' exemplars point at
+        (``llm.request``, or ``llm.instance.prefill`` for a request handed off to a decode instance).
+        ``steps``: (span start, step) of the engine steps it ran in, for the ``steps`` detail level
+        (None otherwise)."""
         tl = fin.timeline
         tracer = self._real_tracer()
         ns = self.wall_ns
         end = fin.finished
-        ids, sampler = self._ids, self._sampler
-        if ids is not None and sampler is not None:
-            ids.preset(tl.trace_id, tl.span_id)
-            self._decide(tl, root_attributes)
-            sampler.preset(_replay(tl.sampling, root_attributes))
-        try:
-            root = tracer.start_span(
-                sc.SPAN_REQUEST,
-                context=tl.parent,
-                kind=self._kind(tl),
-                attributes=root_attributes,
-                start_time=ns(tl.arrival),
+        if fin.handed_off:
+            # The decode instance emits llm.request (it knows its end); this instance's part is a child.
+            sampled = self._sampled(tl, root_attributes)
+            parent = remote_request_context(tl.trace_id, tl.span_id, sampled)
+            root = self._start_decided(
+                tracer, tl, sc.SPAN_INSTANCE_PREFILL, parent, SpanKind.SERVER, root_attributes, tl.arrival
             )
-        finally:
-            if ids is not None and sampler is not None:
-                ids.clear()
-                sampler.clear()
+        else:
+            root = self._start_decided(
+                tracer, tl, sc.SPAN_REQUEST, tl.parent, self._kind(tl), root_attributes, tl.arrival, True
+            )
         if not root.is_recording():
             return root
-        if self.detail != DETAIL_REQUEST:
-            self._children(tracer, root, fin, steps)
-        for name, attributes, at in _events(tl):
-            root.add_event(name, attributes, timestamp=ns(at))
+        top = self._children(tracer, root, fin, steps) if self.detail != DETAIL_REQUEST else root
+        for name, attributes, at in _events(tl, fin):
+            top.add_event(name, attributes, timestamp=ns(at))
         if fin.reason in sc.FAILED_REASONS:
             root.set_status(Status(StatusCode.ERROR, _describe(fin)))
+        if top is not root:
+            top.end(end_time=ns(end))
         if before_end is not None:
             before_end(root, fin)
         root.end(end_time=ns(end))
@@ -179,28 +195,48 @@ class SpanBuilder:
 
     def _children(
         self, tracer: Any, root: Span, fin: FinishedRequest, steps: list[tuple[float, StepRecord]] | None
-    ) -> None:
-        """The phase and preemption spans under ``root`` (and the step spans, given ``steps``)."""
+    ) -> Span:
+        """The instance, phase and preemption spans under ``root`` (and the step spans, given ``steps``);
+        returns the span the request's events belong on (the decode instance's span, or ``root``)."""
         tl = fin.timeline
         ns = self.wall_ns
         end = fin.finished
-        root_ctx = _set_span_in_context(root)
         start = tracer.start_span
 
-        def child(name: str, ctx: Any, t0: float, t1: float) -> Span:
-            span = start(name, context=ctx, start_time=ns(t0))
+        def child(name: str, ctx: Any, t0: float, t1: float, attributes: Any = None) -> Span:
+            span = start(name, context=ctx, start_time=ns(t0), attributes=attributes)
             span.end(end_time=ns(t1))
             return span
 
+        top, top_ctx = root, _set_span_in_context(root)
+        if tl.handed_in:
+            top = start(
+                sc.SPAN_INSTANCE_DECODE,
+                context=top_ctx,
+                start_time=ns(tl.queued),
+                attributes={sc.LLM_ROLE: sc.ROLE_DECODE},
+            )
+            top_ctx = _set_span_in_context(top)
         s1, first = tl.first_scheduled, tl.first_token
-        if tl.arrival < tl.queued:  # the API server's part: not queue time, but in TTFT and e2e
-            child(sc.SPAN_ADMISSION, root_ctx, tl.arrival, tl.queued)
-        child(sc.SPAN_QUEUE, root_ctx, tl.queued, s1 if s1 is not None else end)
+        kv_attrs = {sc.LLM_KV_TRANSFER_BYTES: tl.kv_bytes} if tl.kv_bytes is not None else None
         prefill = decode = None
-        if s1 is not None:
-            prefill = start(sc.SPAN_PREFILL, context=root_ctx, start_time=ns(s1))
-        if first is not None:
-            decode = start(sc.SPAN_DECODE, context=root_ctx, start_time=ns(first))
+        if tl.handed_in:
+            # Decode instance: [Q, K] the KV arriving, [K, S1] waiting to be scheduled, [S1, E] decoding.
+            ready = tl.queued
+            if tl.kv_done is not None:
+                ready = tl.kv_done
+                child(sc.SPAN_KV_TRANSFER, top_ctx, tl.queued, ready, kv_attrs)
+            child(sc.SPAN_QUEUE, top_ctx, ready, s1 if s1 is not None else end)
+            if s1 is not None:
+                decode = prefill = start(sc.SPAN_DECODE, context=top_ctx, start_time=ns(s1))
+        else:
+            if tl.arrival < tl.queued:  # the API server's part: not queue time, but in TTFT and e2e
+                child(sc.SPAN_ADMISSION, top_ctx, tl.arrival, tl.queued)
+            child(sc.SPAN_QUEUE, top_ctx, tl.queued, s1 if s1 is not None else end)
+            if s1 is not None:
+                prefill = start(sc.SPAN_PREFILL, context=top_ctx, start_time=ns(s1))
+            if first is not None and not fin.handed_off:
+                decode = start(sc.SPAN_DECODE, context=top_ctx, start_time=ns(first))
         preemptions = tl.preemptions
         for k, p in enumerate(preemptions[:MAX_PREEMPTION_SPANS]):
             phase = decode if p.after_first_token else prefill
@@ -211,17 +247,55 @@ class SpanBuilder:
         if steps is not None:
             root.set_attribute(sc.LLM_STEPS, len(steps))
             root.set_attribute(sc.LLM_STEPS_UNSPANNED, max(0, len(steps) - MAX_STEP_SPANS))
-            prefill_ctx = _set_span_in_context(prefill) if prefill is not None else root_ctx
-            decode_ctx = _set_span_in_context(decode) if decode is not None else root_ctx
+            prefill_ctx = _set_span_in_context(prefill) if prefill is not None else top_ctx
+            decode_ctx = _set_span_in_context(decode) if decode is not None else top_ctx
             for t0, record in longest(steps, MAX_STEP_SPANS):
                 ctx = prefill_ctx if first is None or record.ts <= first else decode_ctx
-                attrs = step_attributes(record)
-                span = start(sc.SPAN_ENGINE_STEP, context=ctx, start_time=ns(t0), attributes=attrs)
+                span = start(
+                    sc.SPAN_ENGINE_STEP, context=ctx, start_time=ns(t0), attributes=step_attributes(record)
+                )
                 span.end(end_time=ns(record.ts))
-        if prefill is not None:
+        if prefill is not None and prefill is not decode:
             prefill.end(end_time=ns(first if first is not None else end))
         if decode is not None:
             decode.end(end_time=ns(end))
+        if fin.handed_off:  # [F, K]: the KV cache held after the first token until it was sent
+            child(sc.SPAN_KV_TRANSFER, top_ctx, first if first is not None else tl.last_event, end, kv_attrs)
+        return top
+
+    def _sampled(self, tl: Timeline, attributes: dict[str, Any]) -> bool:
+        result = self._decide(tl, attributes)
+        if result is not None:
+            return bool(result.decision.is_sampled())
+        parent = parent_span_context(tl.parent)
+        return parent is None or bool(parent.trace_flags.sampled)
+
+    def _start_decided(
+        self,
+        tracer: Any,
+        tl: Timeline,
+        name: str,
+        parent: Any,
+        kind: SpanKind,
+        attributes: dict[str, Any],
+        at: float,
+        preset_ids: bool = False,
+    ) -> Span:
+        """Start a span with the request's one sampling decision (and its preset ids when asked)."""
+        ids, sampler = self._ids, self._sampler
+        if ids is not None and sampler is not None:
+            if preset_ids:
+                ids.preset(tl.trace_id, tl.span_id)
+            self._decide(tl, attributes)
+            sampler.preset(_replay(tl.sampling, attributes))
+        try:
+            return tracer.start_span(
+                name, context=parent, kind=kind, attributes=attributes, start_time=self.wall_ns(at)
+            )
+        finally:
+            if ids is not None and sampler is not None:
+                ids.clear()
+                sampler.clear()
 
     @staticmethod
     def _preemption_spans(child: Any, ctx: Any, p: Preemption, end: float) -> None:
@@ -240,7 +314,7 @@ def _replay(decided: tuple[Any, frozenset[str]], attributes: dict[str, Any]) -> 
     return type(result)(result.decision, {**attributes, **extra}, result.trace_state)
 
 
-def _events(tl: Timeline) -> list[tuple[str, dict[str, Any] | None, float]]:
+def _events(tl: Timeline, fin: FinishedRequest) -> list[tuple[str, dict[str, Any] | None, float]]:
     """The events of ``llm.request`` as (name, attributes, monotonic seconds), in time order.
 
     Trace UIs list events in the order they were added, so they are sorted here; the sort is stable, so
@@ -255,6 +329,12 @@ def _events(tl: Timeline) -> list[tuple[str, dict[str, Any] | None, float]]:
         events.append((sc.EVENT_PREEMPTED, {sc.LLM_OUTPUT_TOKENS: p.output_tokens}, p.preempted))
         if p.rescheduled is not None:
             events.append((sc.EVENT_SCHEDULED, {sc.LLM_RESUMED: True}, p.rescheduled))
+    if tl.kv_done is not None or fin.handed_off:
+        kv = {sc.LLM_KV_TRANSFER_BYTES: tl.kv_bytes} if tl.kv_bytes is not None else None
+        if fin.handed_off:
+            events.append((sc.EVENT_KV_SENT, kv, fin.finished))
+        else:
+            events.append((sc.EVENT_KV_RECEIVED, kv, tl.kv_done))  # type: ignore[arg-type]
     events.sort(key=lambda e: e[2])
     return events
 

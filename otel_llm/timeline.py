@@ -4,6 +4,8 @@ All timestamps are ``time.monotonic()`` seconds (floats). A Timeline is written 
 hooks while the request is in flight and read once by the span and metric builders after it finished.
 Names follow lifecycle.md: A arrival, Q queued, S1 first scheduled, F first tokens event, L last tokens
 event, E finished; per preemption P_k (preempted), R_k (rescheduled), T_k (first tokens after R_k).
+Disaggregated serving adds K, the end of the request's KV transfer on this instance: sent (the prefill
+instance's hand-off, which ends the request there) or received (on the decode instance).
 """
 
 from __future__ import annotations
@@ -61,6 +63,9 @@ class Timeline:
         "cached_tokens",
         "first_scheduled",
         "first_token",
+        "handed_in",
+        "kv_bytes",
+        "kv_done",
         "last_event",
         "parent",
         "preemptions",
@@ -103,6 +108,11 @@ class Timeline:
         self.last_event = queued  # for clamping out-of-order timestamps
         self.token_base = 0  # output tokens = token_base + step.index (+ 0 while step is None)
         self.preemptions: list[Preemption] = []
+        self.kv_done: float | None = None  # K: KV transfer finished (sent or received) on this instance
+        self.kv_bytes: int | None = None  # bytes of that transfer, when the engine knows them
+        # True on a decode instance for a request a prefill instance handed over (its trace identity and
+        # arrival came with the transfer, see otel_llm.handoff).
+        self.handed_in = False
         # The sampler's decision for the request span, taken once: by traceparent() or when the spans
         # are built, whichever comes first (otel_llm.spans).
         self.sampling: Any = None
@@ -128,11 +138,20 @@ class Timeline:
 class FinishedRequest:
     """A timeline closed at E with its finish reason, handed to the span and metric builders."""
 
-    __slots__ = ("error", "finished", "last_token", "reason", "timeline")
+    __slots__ = ("error", "finished", "handed_off", "last_token", "reason", "timeline")
 
-    def __init__(self, timeline: Timeline, finished: float, reason: str, error: BaseException | str | None):
+    def __init__(
+        self,
+        timeline: Timeline,
+        finished: float,
+        reason: str,
+        error: BaseException | str | None,
+        handed_off: bool = False,
+    ):
         self.timeline = timeline
-        self.finished = finished  # E
+        self.finished = finished  # E (on a prefill instance that handed the request off: K, the hand-off)
         self.reason = reason
         self.error = error
         self.last_token = timeline.latest_token()  # L
+        # The request left this (prefill) instance for a decode instance, which finishes it.
+        self.handed_off = handed_off

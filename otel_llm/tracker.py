@@ -29,6 +29,7 @@ from otel_llm import anomalies as an
 from otel_llm import attributes as user_attrs
 from otel_llm import semconv as sc
 from otel_llm.engine_state import EngineState, count, usage
+from otel_llm.handoff import make_carrier, read_carrier
 from otel_llm.identity import parent_context, parent_span_context
 from otel_llm.intervals import Intervals
 from otel_llm.metrics import RequestMetrics
@@ -75,6 +76,13 @@ def _check_ids(request_ids: Any) -> None:
         )
 
 
+def _check_bytes(num_bytes: Any) -> None:
+    if num_bytes is None:
+        return
+    if not isinstance(num_bytes, int) or isinstance(num_bytes, bool) or num_bytes < 0:
+        raise TypeError(f"num_bytes must be a non-negative int count of bytes or None, got {num_bytes!r}")
+
+
 def _batch_off(request_ids: Sequence[Any], ts: float | None = None) -> None:
     """scheduled/preempted of a tracker whose providers are both no-op."""
     _check_ids(request_ids)
@@ -104,6 +112,10 @@ class RequestTracker:
             off, every trace kept). Metrics count every request either way.
         trace_detail: ``request``, ``phases`` or ``steps`` (``otel_llm.steps``); None reads
             ``OTEL_LLM_TRACE_DETAIL`` (default ``phases``).
+        role: the engine instance's part in disaggregated serving: ``"prefill"`` (hands requests off
+            with ``kv_sent``), ``"decode"`` (continues requests whose ``queued`` carrier is a prefill
+            instance's ``handoff_carrier``), or ``"both"`` (the default: the whole request here). A
+            role other than ``both`` is the ``llm.role`` attribute of every span and metric point.
     """
 
     def __init__(
@@ -119,7 +131,10 @@ class RequestTracker:
         span_hook: SpanHook | None = None,
         tail_sampling: TailSampling | bool | None = None,
         trace_detail: str | None = None,
+        role: str = sc.ROLE_BOTH,
     ) -> None:
+        if role not in sc.ROLES:
+            raise ValueError(f"role must be one of {', '.join(map(repr, sc.ROLES))}, got {role!r}")
         if tail_sampling is None:
             tail_sampling = TailSampling.from_env()
         elif tail_sampling is True:
@@ -147,6 +162,9 @@ class RequestTracker:
         }
         if model is not None:
             base[sc.GEN_AI_REQUEST_MODEL] = model
+        if role != sc.ROLE_BOTH:
+            base[sc.LLM_ROLE] = role
+        self.role = role
         if span_hook is not None and not callable(span_hook):
             raise TypeError(
                 f"span_hook must be a callable (span, finished_request) -> None, got {span_hook!r}"
@@ -224,7 +242,10 @@ class RequestTracker:
         attributes: Mapping[str, Any] | None = None,
     ) -> None:
         """The request entered the waiting queue (Q = ``ts``). ``arrival_ts`` (A) may be earlier, e.g.
-        when the HTTP request arrived; ``carrier`` holds W3C ``traceparent``/``tracestate`` headers."""
+        when the HTTP request arrived; ``carrier`` holds W3C ``traceparent``/``tracestate`` headers.
+
+        On a ``role="decode"`` tracker, a carrier made by a prefill instance's ``handoff_carrier()``
+        continues that request: same trace, same ``llm.request`` span (emitted here), arrival from it."""
         if prompt_tokens is not None and (
             not isinstance(prompt_tokens, int) or isinstance(prompt_tokens, bool)
         ):
@@ -237,9 +258,13 @@ class RequestTracker:
             )
         ts = self._timestamp(ts)
         arrival = ts if arrival_ts is None else self._timestamp(arrival_ts)
-        parent, _remote = parent_context(carrier)
-        parent_sc = parent_span_context(parent)
-        trace_id, span_id = self._spans.new_ids(parent_sc)
+        handed = read_carrier(carrier) if self.role == sc.ROLE_DECODE and carrier is not None else None
+        if handed is not None:
+            parent, trace_id, span_id = handed.parent, handed.trace_id, handed.span_id
+            arrival = arrival if handed.arrival is None else handed.arrival
+        else:
+            parent, _remote = parent_context(carrier)
+            trace_id, span_id = self._spans.new_ids(parent_span_context(parent))
         user_attributes, problems = user_attrs.clean(attributes) if attributes else (None, ())
         with self._lock:
             for kind in problems:
@@ -252,9 +277,12 @@ class RequestTracker:
                 self._anomalies.note(an.DUPLICATE_QUEUED, request_id)
             else:
                 evicted = self._due_evictions(ts, incoming=1)
-                self._inflight[request_id] = Timeline(
+                tl = self._inflight[request_id] = Timeline(
                     request_id, ts, arrival, prompt_tokens, trace_id, span_id, parent, user_attributes
                 )
+                if handed is not None:
+                    tl.handed_in = True
+                    self._spans.continue_sampling(tl, handed.sampled)
                 self._states[WAITING] += 1
         if self._anomalies.unlogged:
             self._anomalies.log_pending()
@@ -452,6 +480,53 @@ class RequestTracker:
             return
         self._finish(done)
         self._finish_all(evicted)
+
+    def kv_sent(self, request_id: Any, *, ts: float | None = None, num_bytes: int | None = None) -> None:
+        """Prefill instance: the request's KV cache was sent to a decode instance (K = ``ts``), which
+        finishes the request; here it ends (its spans and this instance's values are recorded now).
+        ``num_bytes``: the KV cache's size, when known."""
+        _check_bytes(num_bytes)
+        ts = self._timestamp(ts)
+        with self._lock:
+            tl = self._inflight.pop(request_id, None)
+            done = None
+            if tl is None:
+                self._anomalies.note(an.UNKNOWN_REQUEST, request_id)
+            else:
+                self._states[tl.state] -= 1
+                at = self._clamp(tl, ts)
+                tl.kv_done, tl.kv_bytes = at, num_bytes
+                done = FinishedRequest(tl, at, sc.REASON_HANDED_OFF, None, handed_off=True)
+        if self._anomalies.unlogged:
+            self._anomalies.log_pending()
+        if done is not None:
+            self._finish(done)
+
+    def kv_received(self, request_id: Any, *, ts: float | None = None, num_bytes: int | None = None) -> None:
+        """Decode instance: the request's KV cache, sent by the prefill instance, is in this instance
+        (K = ``ts``, after ``queued``); the request now waits to be scheduled. ``num_bytes`` when known."""
+        _check_bytes(num_bytes)
+        ts = self._timestamp(ts)
+        with self._lock:
+            tl = self._inflight.get(request_id)
+            if tl is None:
+                self._anomalies.note(an.UNKNOWN_REQUEST, request_id)
+            else:
+                tl.kv_done = tl.last_event = self._clamp(tl, ts)
+                tl.kv_bytes = num_bytes
+        if self._anomalies.unlogged:
+            self._anomalies.log_pending()
+
+    def handoff_carrier(self, request_id: Any) -> dict[str, str] | None:
+        """What a prefill instance sends with the request's KV cache so that the decode instance's
+        tracker continues its trace (``queued(carrier=...)`` there): string keys and values, to put in
+        the transfer's metadata. None for an unknown request. See ``otel_llm.handoff``."""
+        traceparent = self.traceparent(request_id)
+        with self._lock:
+            tl = self._inflight.get(request_id)
+        if traceparent is None or tl is None:
+            return None
+        return make_carrier(traceparent, parent_span_context(tl.parent), tl.arrival)
 
     def traceparent(self, request_id: Any) -> str | None:
         """The W3C ``traceparent`` header value of the request's ``llm.request`` span (None if unknown)."""

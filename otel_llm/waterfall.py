@@ -51,6 +51,10 @@ class RequestTrace:
         """From the root's ``llm.preemptions`` (spans stop at a cap), else by counting spans."""
         counted = self.root.attributes.get(semconv.LLM_PREEMPTIONS)
         if isinstance(counted, (int, str)) and str(counted).isdigit():
+            # A disaggregated request: the prefill instance counted its own preemptions on its span.
+            for s in self.spans:
+                if s.name == semconv.SPAN_INSTANCE_PREFILL:
+                    counted = int(counted) + int(s.attributes.get(semconv.LLM_PREEMPTIONS, 0))
             return int(counted)
         return sum(1 for s in self.spans if s.name == semconv.SPAN_PREEMPTED)
 

@@ -315,8 +315,10 @@ def metric_kinds() -> dict[str, tuple[str, str]]:
             s.METRIC_ITL,
             s.METRIC_PREEMPTED,
             s.METRIC_RECOMPUTE,
+            s.METRIC_KV_TRANSFER,
         )
     }
+    table[s.METRIC_KV_TRANSFER_BYTES] = ("counter", s.UNIT_BYTES)
     table[s.METRIC_PREEMPTIONS] = ("counter", s.UNIT_PREEMPTION)
     table[s.METRIC_REQUESTS] = ("counter", s.UNIT_REQUEST)
     table[s.METRIC_TOKENS] = ("counter", s.UNIT_TOKEN)

@@ -42,8 +42,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--kv-blocks",
         type=positive_int,
-        default=24,
-        help="KV cache blocks of 16 tokens (default 24)",
+        default=None,
+        help="KV cache blocks of 16 tokens (default 24; with --disaggregated, the prefill worker's: 10)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the workload and the model weights")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
@@ -54,6 +54,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(no endpoint set; default ./otel-llm-output)",
     )
     p.add_argument("--step-spans", action="store_true", help="also emit one llm.engine.step span per step")
+    p.add_argument(
+        "--disaggregated",
+        action="store_true",
+        help="run a prefill worker and a decode worker process, the KV cache sent between them "
+        "(their KV caches: --kv-blocks 10 and 16 blocks unless given)",
+    )
     p.set_defaults(func=run)
 
 
@@ -77,6 +83,12 @@ def make_workload(n: int, seed: int, max_len: int) -> list[DemoRequest]:
 def run(args: argparse.Namespace) -> int:
     need_torch("demo")
     console, Progress = _rich("demo")
+    if args.disaggregated:
+        from otel_llm.commands.demo_disaggregated import run_disaggregated
+
+        return run_disaggregated(args, console)
+    if args.kv_blocks is None:
+        args.kv_blocks = 24
     problem = check_device(args.device)
     if problem is not None:
         raise SystemExit(f"otel-llm demo: {problem}")

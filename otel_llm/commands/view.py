@@ -14,6 +14,7 @@ import re
 import shutil
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from otel_llm import semconv as sc
 from otel_llm.waterfall import RequestTrace, SpanRecord, group_requests, load_otlp_json, pick_request
@@ -28,6 +29,9 @@ STYLES: dict[str, tuple[str, str]] = {
     sc.SPAN_DECODE: ("█", "green"),
     sc.SPAN_PREEMPTED: ("░", "red"),
     sc.SPAN_RECOMPUTE: ("▚", "magenta"),
+    sc.SPAN_INSTANCE_PREFILL: ("━", "bright_cyan"),
+    sc.SPAN_INSTANCE_DECODE: ("┅", "bright_green"),
+    sc.SPAN_KV_TRANSFER: ("⇄", "bright_magenta"),
 }
 GAP = ("·", "red")  # the time a prefill or decode phase spent evicted
 OTHER = ("─", "white")
@@ -39,6 +43,9 @@ LEGEND = (
     (sc.SPAN_DECODE, "decode"),
     (sc.SPAN_PREEMPTED, "evicted"),
     (sc.SPAN_RECOMPUTE, "recompute"),
+    (sc.SPAN_KV_TRANSFER, "KV transfer"),
+    (sc.SPAN_INSTANCE_PREFILL, "prefill instance"),
+    (sc.SPAN_INSTANCE_DECODE, "decode instance"),
 )
 Segment = tuple[str, str | None]  # text and its rich style (None: plain)
 Line = list[Segment]
@@ -46,7 +53,12 @@ Line = list[Segment]
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("view", help="print the waterfall of one request from an OTLP JSON traces file")
-    p.add_argument("file", help="OTLP JSON lines traces file (e.g. one a demo or serve run printed)")
+    p.add_argument(
+        "file",
+        nargs="+",
+        help="OTLP JSON lines traces files, or folders holding them (a disaggregated run writes one per "
+        "worker: pass its folder to see both instances of a request)",
+    )
     which = p.add_mutually_exclusive_group()
     which.add_argument("--request", metavar="ID", help="the request id (llm.request.id); latest if repeated")
     which.add_argument("--trace-id", metavar="HEX", help="the trace id (32 hex digits, e.g. an x-trace-id)")
@@ -71,7 +83,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        requests = group_requests(load_otlp_json(args.file))
+        requests = group_requests(load_all(args.file))
         trace = pick_request(requests, request_id=args.request, slowest=args.slowest, trace_id=args.trace_id)
         window = zoom_window(trace, args.phase, args.window)
     except (OSError, ValueError) as exc:
@@ -83,6 +95,19 @@ def run(args: argparse.Namespace) -> int:
         return 2
     emit(render_lines(trace, width, window))
     return 0
+
+
+def load_all(paths: Sequence[str]) -> list[SpanRecord]:
+    """The spans of every file named; a folder stands for every ``traces.jsonl`` below it."""
+    records: list[SpanRecord] = []
+    for name in paths:
+        path = Path(name)
+        files = sorted(path.rglob("traces.jsonl")) if path.is_dir() else [path]
+        if not files:
+            raise ValueError(f"{name}: no traces.jsonl in this folder")
+        for file in files:
+            records += load_otlp_json(file)
+    return records
 
 
 def terminal_width() -> int:
@@ -256,7 +281,10 @@ def _covered_s(spans: list[SpanRecord]) -> float:
 
 
 def _numbers(trace: RequestTrace) -> Line:
-    a = trace.root.attributes
+    a = dict(trace.root.attributes)
+    for span in trace.spans:  # a disaggregated request: the prefill instance's own values
+        if span.name == sc.SPAN_INSTANCE_PREFILL:
+            a.setdefault(sc.LLM_LATENCY_PREFILL, span.attributes.get(sc.LLM_LATENCY_PREFILL))
     preempted = [s for s in trace.spans if s.name == sc.SPAN_PREEMPTED]
     recompute = [s for s in trace.spans if s.name == sc.SPAN_RECOMPUTE]
     facts = [

@@ -37,10 +37,16 @@ class EngineConfig:
     block_size: int = 16  # token slots per KV block, as in vLLM
     max_num_batched_tokens: int = 128  # per-step token budget shared by prefill chunks and decodes
     max_num_seqs: int = 16  # most sequences in one step
+    # Most tokens of one sequence's prefill per step (vLLM's long_prefill_token_threshold; 0: no cap).
+    # A cap lets several long prompts prefill side by side, each growing its KV cache every step.
+    long_prefill_token_threshold: int = 0
     device: str = "cpu"  # "cpu", "cuda" or "cuda:N"; "cuda" fails early when no GPU is present
     printable_only: bool = True  # sample only bytes 32..126, so random weights still print as text
     enable_prefix_caching: bool = True  # reuse the KV blocks of a prefix seen before, as vLLM does
     step_spans: bool = False  # emit one llm.engine.step span per step (off: a span per step costs ~13 us)
+    # Disaggregated serving: "prefill" hands each request off after its first token (take_handoffs()),
+    # "decode" continues handed-off requests (add_handoff()), "both" serves whole requests.
+    role: str = "both"
 
     def __post_init__(self) -> None:
         for name in ("num_kv_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs"):
@@ -48,6 +54,8 @@ class EngineConfig:
                 raise ValueError(f"EngineConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.printable_only and self.model.vocab_size < 127:
             raise ValueError("printable_only needs vocab_size >= 127 (byte tokens); set printable_only=False")
+        if self.role not in ("prefill", "decode", "both"):
+            raise ValueError(f"role must be 'prefill', 'decode' or 'both', got {self.role!r}")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
 

@@ -35,6 +35,20 @@ class RequestOutput:
     ts: float
 
 
+@dataclass(slots=True)
+class Handoff:
+    """A request a prefill instance hands to a decode instance: its tokens, its prompt's K/V
+    ((layers, K/V, prompt tokens, H, D) float32 on the CPU) and the tracker's hand-off carrier."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    first_token: int
+    max_tokens: int
+    stop_token_ids: list[int]
+    kv: Any  # torch.Tensor
+    carrier: dict[str, str] | None
+
+
 class RequestTooLong(ValueError):
     """A prompt plus its output limit that no sequence of this engine can hold (counts in tokens)."""
 
@@ -77,6 +91,7 @@ class LLMEngine:
         )
         self._seqs: dict[str, Sequence] = {}
         self._ids = itertools.count()
+        self._handoffs: list[Handoff] = []  # prefill role: requests to send, see take_handoffs()
 
     def add_request(
         self,
@@ -102,6 +117,34 @@ class LLMEngine:
             if self.telemetry.step_spans:
                 seq.trace_link = parse_traceparent(self.tracker.traceparent(request_id))
         return request_id
+
+    def add_handoff(self, handoff: Handoff, queued_ts: float, received_ts: float, num_bytes: int) -> str:
+        """Decode role: continue a request a prefill instance handed off. ``queued_ts`` is when its
+        transfer's metadata arrived, ``received_ts`` when all of its K/V had (``time.monotonic()``
+        seconds); ``num_bytes`` the K/V's size. Its first token is delivered with the next one."""
+        h = handoff
+        seq = Sequence(h.request_id, list(h.prompt_token_ids), h.max_tokens, frozenset(h.stop_token_ids))
+        if h.request_id in self._seqs:
+            raise ValueError(f"request id {h.request_id!r} is already in the engine; pass a unique one")
+        seq.output_token_ids.append(h.first_token)
+        seq.num_computed_tokens = len(h.prompt_token_ids)  # their K/V came with the request
+        seq.pending_kv = h.kv
+        seq.undelivered = 1
+        self._seqs[h.request_id] = seq
+        self.scheduler.add(seq)
+        if self.tracker is not None:
+            tracker = self.tracker
+            tracker.queued(
+                h.request_id, ts=queued_ts, prompt_tokens=len(h.prompt_token_ids), carrier=h.carrier
+            )
+            tracker.kv_received(h.request_id, ts=received_ts, num_bytes=num_bytes)
+        return h.request_id
+
+    def take_handoffs(self) -> list[Handoff]:
+        """Prefill role: the requests that got their first token since the last call, to send to a
+        decode instance; the caller reports each one's ``kv_sent`` to the tracker once it is sent."""
+        out, self._handoffs = self._handoffs, []
+        return out
 
     def validate_request(self, prompt: str | list[int], max_tokens: int) -> list[int]:
         """The prompt's token ids, or ValueError when the request could never run on this engine."""
@@ -145,6 +188,10 @@ class LLMEngine:
                 tracker.scheduled(ids, ts=sched_ts, cached_tokens=cached)
             else:
                 tracker.scheduled(ids, ts=sched_ts)
+        for seq in batch.newly_scheduled:
+            if seq.pending_kv is not None:  # a handed-in request: its prompt's K/V into its new blocks
+                self.runner.write_kv(seq, seq.pending_kv)  # type: ignore[arg-type]
+                seq.pending_kv = None
         if batch.is_empty():
             self.telemetry.record_step([], 0, 0, len(batch.preempted), 0.0, sched_ts, sched_ts)
             self._report_state(0)
@@ -156,20 +203,30 @@ class LLMEngine:
         outputs: list[RequestOutput] = []
         finished: list[Sequence] = []
         block_manager = self.scheduler.block_manager
+        handed: list[Sequence] = []
+        produced: list[str] = []
         for seq, n, token in zip(batch.seqs, batch.num_new_tokens, next_tokens, strict=True):
             seq.num_computed_tokens += n
             block_manager.register_full_blocks(seq)
             if token is None:
                 continue  # a prefill chunk that does not reach the end yet
             seq.output_token_ids.append(token)
+            produced.append(seq.request_id)
             reason = self._finish_reason(seq, token)
             if reason is not None:
                 self.scheduler.finish(seq, reason)
                 finished.append(seq)
-            outputs.append(RequestOutput(seq.request_id, [token], reason is not None, reason, ts))
+            elif self.config.role == "prefill":
+                handed.append(seq)  # its first token: the decode instance takes it from here
+                continue
+            new = seq.output_token_ids[-1 - seq.undelivered :]  # a handed-in request's first token too
+            seq.undelivered = 0
+            outputs.append(RequestOutput(seq.request_id, new, reason is not None, reason, ts))
+        for seq in handed:
+            self._hand_off(seq)
         if tracker is not None:
-            if outputs:
-                tracker.tokens([o.request_id for o in outputs], ts=ts)
+            if produced:
+                tracker.tokens(produced, ts=ts, counts=_counts(produced, outputs))
             for seq in finished:
                 tracker.finished(seq.request_id, reason=seq.finish_reason, ts=ts)
         for seq in finished:
@@ -202,6 +259,24 @@ class LLMEngine:
         )
         self._prefix_queries_reported, self._prefix_hits_reported = queries, hits
 
+    def _hand_off(self, seq: Sequence) -> None:
+        """Prefill role: copy the prompt's K/V out, free the blocks, queue the request for sending."""
+        kv = self.runner.read_kv(seq, seq.num_prompt_tokens)
+        carrier = self.tracker.handoff_carrier(seq.request_id) if self.tracker is not None else None
+        self._handoffs.append(
+            Handoff(
+                seq.request_id,
+                seq.prompt_token_ids,
+                seq.output_token_ids[0],
+                seq.max_tokens,
+                sorted(seq.stop_token_ids),
+                kv,
+                carrier,
+            )
+        )
+        self.scheduler.finish(seq, semconv.REASON_HANDED_OFF)
+        del self._seqs[seq.request_id]
+
     @staticmethod
     def _finish_reason(seq: Sequence, token: int) -> str | None:
         if token in seq.stop_token_ids:
@@ -224,3 +299,12 @@ class LLMEngine:
         """The live sequence of an unfinished request (for inspection), or None."""
         seq = self._seqs.get(request_id)
         return seq if seq is not None and seq.status is not SequenceStatus.FINISHED else None
+
+
+def _counts(produced: list[str], outputs: list[RequestOutput]) -> list[int] | None:
+    """Tokens per request of a step, or None when each got one (the tracker's fast path): a handed-in
+    request's first step delivers two, the prefill instance's token and its own."""
+    if all(len(o.new_token_ids) == 1 for o in outputs):
+        return None
+    delivered = {o.request_id: len(o.new_token_ids) for o in outputs}
+    return [delivered.get(rid, 1) for rid in produced]

@@ -10,6 +10,7 @@ from otel_llm.engine.block_manager import BlockManager
 from otel_llm.engine.config import EngineConfig
 from otel_llm.engine.model import AttentionMetadata, TinyTransformer
 from otel_llm.engine.scheduler import ScheduledBatch
+from otel_llm.engine.sequence import Sequence
 
 
 def resolve_device(name: str) -> torch.device:
@@ -60,6 +61,23 @@ class ModelRunner:
         next_ids = (logits + self.sample_bias).argmax(dim=-1).tolist()
         self.last_forward_s = self._stop_timer(started)
         return [tok if sample else None for tok, sample in zip(next_ids, samples, strict=True)]
+
+    def read_kv(self, seq: Sequence, num_tokens: int) -> torch.Tensor:
+        """A copy on the CPU of ``seq``'s K/V for its first ``num_tokens`` positions:
+        (layers, K/V, num_tokens, H, D), float32, contiguous (what a KV transfer sends)."""
+        slots = self._slots(seq, num_tokens)
+        return self.kv_cache[:, :, slots].to("cpu", copy=True).contiguous()
+
+    def write_kv(self, seq: Sequence, kv: torch.Tensor) -> None:
+        """Put K/V read by ``read_kv`` (on another instance) into ``seq``'s blocks, positions 0..n-1."""
+        slots = self._slots(seq, kv.shape[2])
+        with torch.inference_mode():
+            self.kv_cache[:, :, slots] = kv.to(self.device)
+
+    def _slots(self, seq: Sequence, num_tokens: int) -> torch.Tensor:
+        bs = self.block_manager.block_size
+        blocks = torch.tensor(seq.block_table, dtype=torch.long)
+        return (blocks[:, None] * bs + torch.arange(bs)).flatten()[:num_tokens].to(self.device)
 
     def _metadata(self, batch: ScheduledBatch) -> AttentionMetadata:
         bs = self.block_manager.block_size

@@ -59,7 +59,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = min(seq.num_uncomputed_tokens, budget)
+            n = self._chunk(seq, budget)
             while not self.block_manager.can_allocate(seq, seq.num_computed_tokens + n):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -78,22 +78,29 @@ class Scheduler:
             return batch
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
-            cached = self.block_manager.allocate_cached_prefix(seq)
-            seq.num_computed_tokens = cached
-            n = min(seq.num_uncomputed_tokens, budget)
+            # A request handed in with its prompt's K/V (disaggregated decode) brings its computed tokens;
+            # any other looks its prompt up in the prefix cache.
+            handed_in = seq.pending_kv is not None
+            cached = 0 if handed_in else self.block_manager.allocate_cached_prefix(seq)
+            if not handed_in:
+                seq.num_computed_tokens = cached
+            n = self._chunk(seq, budget)
             # A preempted sequence comes back only when its whole context (prompt + tokens so far) fits:
             # re-admitting it for one chunk would evict it again a step later, over and over.
-            need = seq.num_tokens if seq.num_preemptions else cached + n
+            # A handed-in request needs blocks for all of its prompt's K/V at once, too.
+            need = seq.num_tokens if seq.num_preemptions else seq.num_computed_tokens + n
             if not self.block_manager.can_allocate(seq, need):
                 self.block_manager.free(seq)  # the cached blocks wait with it
-                seq.num_computed_tokens = 0
+                if not handed_in:
+                    seq.num_computed_tokens = 0
                 break  # first come, first served: nobody overtakes the head of the queue
             self.waiting.popleft()
-            self.prefix_cache_queries += seq.num_tokens
-            self.prefix_cache_hits += cached
-            if seq.num_cached_tokens is None:
-                seq.num_cached_tokens = cached
-            self.block_manager.allocate(seq, cached + n)
+            if not handed_in:
+                self.prefix_cache_queries += seq.num_tokens
+                self.prefix_cache_hits += cached
+                if seq.num_cached_tokens is None:
+                    seq.num_cached_tokens = cached
+            self.block_manager.allocate(seq, seq.num_computed_tokens + n)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             batch.seqs.append(seq)
@@ -101,6 +108,12 @@ class Scheduler:
             batch.newly_scheduled.append(seq)
             budget -= n
         return batch
+
+    def _chunk(self, seq: Sequence, budget: int) -> int:
+        """Tokens of ``seq`` to feed this step: what is left, within the budget and the prefill cap."""
+        n = min(seq.num_uncomputed_tokens, budget)
+        cap = self.config.long_prefill_token_threshold
+        return min(n, cap) if cap > 0 else n
 
     def _preempt(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING

@@ -27,11 +27,13 @@ class Sequence:
         "num_computed_tokens",
         "num_preemptions",
         "output_token_ids",
+        "pending_kv",
         "prompt_token_ids",
         "request_id",
         "status",
         "stop_token_ids",
         "trace_link",
+        "undelivered",
     )
 
     def __init__(
@@ -55,6 +57,10 @@ class Sequence:
         self.num_preemptions = 0
         self.finish_reason: str | None = None
         self.trace_link: object | None = None  # SpanContext of the request span, for step-span links
+        # A request handed in by a prefill instance: its prompt's K/V, written into its blocks when it is
+        # first scheduled, and its first token (produced there), delivered with the next one.
+        self.pending_kv: object | None = None
+        self.undelivered = 0
 
     @property
     def num_prompt_tokens(self) -> int:

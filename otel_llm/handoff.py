@@ -1,0 +1,99 @@
+"""What travels with a request from a prefill instance to a decode instance, so both report one trace.
+
+Disaggregated serving splits a request over two engine instances: the prefill instance computes the
+prompt's KV cache and the first token, then sends the KV cache to a decode instance, which produces the
+rest. The prefill instance's tracker fixed the request's trace identity at ``queued``; the decode
+instance's tracker continues it from a carrier sent in the transfer's metadata (plain strings, so it fits
+a JSON header, vLLM's ``kv_transfer_params``, or HTTP headers):
+
+- ``traceparent``: W3C header of the request's ``llm.request`` span (trace id, span id, sampled flag);
+  the decode instance emits that span, and the prefill instance's spans are already its children;
+- ``llm-request-parent``: W3C header of ``llm.request``'s own parent (the caller's span), when it has one;
+- ``llm-arrival``: the request's arrival (A) at the prefill side, ``time.monotonic()`` seconds. The
+  monotonic clock is shared by the processes of one Linux host, which is what this carries; instances
+  on different hosts would need a wall-clock arrival instead (not done: see DESIGN.md).
+
+Only the OpenTelemetry API is imported here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+from otel_llm.identity import format_traceparent, normalize_carrier
+
+KEY_TRACEPARENT = "traceparent"
+KEY_PARENT = "llm-request-parent"
+KEY_ARRIVAL = "llm-arrival"
+
+
+@dataclass(frozen=True, slots=True)
+class HandedIn:
+    """A request's identity as the decode instance continues it."""
+
+    trace_id: int
+    span_id: int  # of llm.request, fixed by the prefill instance
+    sampled: bool
+    parent: Context | None  # llm.request's parent (remote), or None when it is a trace's root
+    arrival: float | None  # A, monotonic seconds
+
+
+def _parse(value: str | None) -> tuple[int, int, int] | None:
+    """(trace id, span id, flags) of a W3C traceparent value, or None when it is malformed."""
+    if not value:
+        return None
+    parts = value.strip().split("-")
+    if len(parts) < 4 or [len(p) for p in parts[:4]] != [2, 32, 16, 2]:
+        return None
+    try:
+        trace_id, span_id, flags = int(parts[1], 16), int(parts[2], 16), int(parts[3], 16)
+    except ValueError:
+        return None
+    if not trace_id or not span_id:
+        return None
+    return trace_id, span_id, flags
+
+
+def make_carrier(traceparent: str, parent: SpanContext | None, arrival: float) -> dict[str, str]:
+    """The hand-off carrier of a request (see the module docstring)."""
+    carrier = {KEY_TRACEPARENT: traceparent, KEY_ARRIVAL: repr(arrival)}
+    if parent is not None:
+        carrier[KEY_PARENT] = format_traceparent(parent.trace_id, parent.span_id, int(parent.trace_flags))
+    return carrier
+
+
+def read_carrier(carrier: Mapping[str, Any] | None) -> HandedIn | None:
+    """The continued identity, or None when the carrier is not a hand-off (e.g. a caller's headers)."""
+    headers = normalize_carrier(carrier)
+    if not headers or KEY_ARRIVAL not in headers:
+        return None
+    own = _parse(headers.get(KEY_TRACEPARENT))
+    if own is None:
+        return None
+    trace_id, span_id, flags = own
+    parent = None
+    above = _parse(headers.get(KEY_PARENT))
+    if above is not None and above[0] == trace_id:
+        ctx = SpanContext(trace_id, above[1], is_remote=True, trace_flags=TraceFlags(above[2]))
+        parent = trace.set_span_in_context(NonRecordingSpan(ctx))
+    try:
+        arrival: float | None = float(headers[KEY_ARRIVAL])
+    except ValueError:
+        arrival = None
+    if arrival is not None and not math.isfinite(arrival):
+        arrival = None
+    return HandedIn(trace_id, span_id, bool(flags & 0x01), parent, arrival)
+
+
+def remote_request_context(trace_id: int, span_id: int, sampled: bool) -> Context:
+    """A context whose span is ``llm.request`` as seen from the other instance (remote)."""
+    flags = TraceFlags(0x01 if sampled else 0x00)
+    ctx = SpanContext(trace_id, span_id, is_remote=True, trace_flags=flags)
+    return trace.set_span_in_context(NonRecordingSpan(ctx))
