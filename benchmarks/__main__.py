@@ -2,7 +2,8 @@
 
 The full run (a few minutes on 2 cores) writes BENCHMARKS.md at the repository root. ``--quick`` runs
 every section at tiny sizes in seconds and writes nothing unless ``--output`` / ``--json`` is given; its
-numbers mean nothing, it only proves the harness still runs (CI).
+numbers mean nothing, it only proves the harness still runs (CI). ``--only`` runs some sections and,
+like ``--quick``, prints without writing unless ``--output`` is given.
 """
 
 from __future__ import annotations
@@ -63,7 +64,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     rounds = 2 if args.quick else 9
-    output = args.output if args.output is not None else (None if args.quick else Path("BENCHMARKS.md"))
+    # A partial run (--quick, --only) never overwrites the full report unless asked to with --output.
+    partial = args.quick or bool(args.only)
+    output = args.output if args.output is not None else (None if partial else Path("BENCHMARKS.md"))
 
     measures: list[Measure] = []
     timings: list[str] = []
