@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from benchmarks import collection, end_to_end, engine, finish, hot_path, memory, targets
+from benchmarks import collection, end_to_end, engine, finish, hot_path, memory, sglang_cost, targets
 from benchmarks.machine import describe
 from benchmarks.report import Measure, section_tables
 
@@ -25,6 +25,7 @@ SECTIONS: dict[str, Callable[[bool, int], list[Measure]]] = {
     "memory": memory.run,
     "engine": engine.run,
     "collect": collection.run,
+    "sglang": sglang_cost.run,  # optional: needs .venv-sglang; skipped in --quick
 }
 
 HEADER = """# Benchmarks

@@ -13,7 +13,9 @@ SECTIONS = {
     "memory": "4. Memory per in-flight request (tracemalloc)",
     "engine": "5. Reference engine",
     "collect": "6. One metric collection (InMemoryMetricReader) with otel_llm's histograms",
+    "sglang": "7. SGLang's real offline engine (tiny model, CPU)",
 }
+OPTIONAL = frozenset({"sglang"})  # sections that report nothing where they cannot run (reason printed)
 
 
 @dataclass
@@ -22,7 +24,7 @@ class Measure:
 
     section: str
     name: str
-    unit: str  # "ns", "B", "req/s", "steps/s", "fraction", "count"
+    unit: str  # "ns", "B", "req/s", "steps/s", "tok/s", "fraction", "count"
     ours: float
     peers: dict[str, float] = field(default_factory=dict)
     spread: tuple[float, float] | None = None  # min and max over rounds, when timed
@@ -50,7 +52,7 @@ def fmt(value: float, unit: str) -> str:
         return f"{value:.0f} B" if value < 10 * 1024 else f"{value / 1024:.1f} KiB"
     if unit == "fraction":
         return f"{value * 100:.2f} %"
-    if unit in ("req/s", "steps/s"):
+    if unit in ("req/s", "steps/s", "tok/s"):
         return f"{value:,.1f} {unit}"
     return f"{value:g} {unit}"
 
