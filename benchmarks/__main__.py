@@ -15,7 +15,17 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from benchmarks import collection, end_to_end, engine, finish, hot_path, memory, sampling, targets
+from benchmarks import (
+    collection,
+    end_to_end,
+    engine,
+    finish,
+    hot_path,
+    memory,
+    sampling,
+    sglang_cost,
+    targets,
+)
 from benchmarks.machine import describe
 from benchmarks.report import Measure, section_tables
 
@@ -27,6 +37,7 @@ SECTIONS: dict[str, Callable[[bool, int], list[Measure]]] = {
     "engine": engine.run,
     "collect": collection.run,
     "sampling": sampling.run,
+    "sglang": sglang_cost.run,  # optional: needs .venv-sglang; skipped in --quick
 }
 
 HEADER = """# Benchmarks

@@ -14,7 +14,9 @@ SECTIONS = {
     "engine": "5. Reference engine",
     "collect": "6. One metric collection (InMemoryMetricReader) with otel_llm's histograms",
     "sampling": "7. Tail sampling and trace detail levels",
+    "sglang": "8. SGLang's real offline engine (tiny model, CPU)",
 }
+OPTIONAL = frozenset({"sglang"})  # sections that report nothing where they cannot run (reason printed)
 
 
 @dataclass
@@ -23,7 +25,7 @@ class Measure:
 
     section: str
     name: str
-    unit: str  # "ns", "B", "req/s", "steps/s", "fraction", "count"
+    unit: str  # "ns", "B", "req/s", "steps/s", "tok/s", "fraction", "count"
     ours: float
     peers: dict[str, float] = field(default_factory=dict)
     spread: tuple[float, float] | None = None  # min and max over rounds, when timed
@@ -53,7 +55,7 @@ def fmt(value: float, unit: str) -> str:
         return f"{value * 100:.2f} %"
     if unit == "B/s":
         return f"{value / 1024:,.1f} KiB/s"
-    if unit in ("req/s", "steps/s", "spans/s"):
+    if unit in ("req/s", "steps/s", "spans/s", "tok/s"):
         return f"{value:,.1f} {unit}"
     return f"{value:g} {unit}"
 

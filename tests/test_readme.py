@@ -36,3 +36,25 @@ def test_every_readme_metric_name_is_one_we_emit():
     named = set(re.findall(r"`((?:gen_ai\.server|llm\.server|otel_llm)\.[a-z_.]+)`", text))
     assert named, "the README should list the metrics"
     assert named <= emitted, named - emitted
+
+
+def test_readme_sglang_server_command_is_the_tested_one_without_cpu_settings():
+    # The SGLang server tier runs the README's CPU block word for word; the general block must be the
+    # same command without what only SGLang's CPU engine needs.
+    from tests.sglang.serve import readme_server_commands
+
+    general, cpu = readme_server_commands()
+    cpu_only_flags = {"--device", "--attention-backend", "--dtype", "--max-total-tokens"}
+    cpu_only = {"--disable-cuda-graph", "--skip-server-warmup", "SGLANG_USE_CPU_ENGINE=1"}
+
+    def without_cpu(line: str) -> str:
+        words, kept = line.split(), []
+        while words:
+            word = words.pop(0)
+            if word in cpu_only_flags:
+                words.pop(0)
+            elif word not in cpu_only:
+                kept.append(word)
+        return " ".join(kept)
+
+    assert [line for line in general if not line.startswith("pip ")] == [without_cpu(line) for line in cpu]

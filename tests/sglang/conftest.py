@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 SGLANG_PYTHON = Path(os.environ.get("OTEL_LLM_SGLANG_PYTHON", REPO / ".venv-sglang" / "bin" / "python"))
 SCENARIOS = ("forced", "natural")  # compared with SGLang's numbers; "traced" has its own test
-RUNS = (*SCENARIOS, "traced")
+RUNS = (*SCENARIOS, "traced", "early_eos")  # the last two have their own tests
 
 needs_sglang = pytest.mark.skipif(
     not SGLANG_PYTHON.exists(),
@@ -43,7 +43,7 @@ def sglang_env() -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def engine_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    """Both offline scenarios, one driver process each (SGLang's Prometheus metrics allow one engine
+    """Every offline scenario, one driver process each (SGLang's Prometheus metrics allow one engine
     with metrics per process)."""
     runs = {}
     for name in RUNS:

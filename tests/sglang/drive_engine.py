@@ -11,7 +11,10 @@ Scenarios (a fresh engine each: SGLang reads SGLANG_TEST_RETRACT when its schedu
 - ``forced``: SGLANG_TEST_RETRACT=1, every 10th decode step retracts requests (deterministic);
 - ``natural``: 24 prompts x 160 tokens in a 512-token KV pool, without ignore_eos, so SGLang admits
   more than fits and retracts when decoding runs out of room (4-8 per run, timing-dependent);
-- ``traced``: SGLang's own ``enable_trace`` on too, exporting to a second (gRPC) receiver.
+- ``traced``: SGLang's own ``enable_trace`` on too, exporting to a second (gRPC) receiver;
+- ``early_eos``: the tiny model that ends some prompts on EOS after a few tokens while the others run on,
+  under SGLang's overlap scheduler (its default), where a request that stops early is streamed as
+  finished twice.
 """
 
 from __future__ import annotations
@@ -44,6 +47,12 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "prompts": 4,
         "max_new_tokens": 16,
         "enable_trace": True,
+    },
+    "early_eos": {
+        "env": {"SGLANG_TEST_RETRACT": "0"},
+        "prompts": 12,
+        "max_new_tokens": 32,
+        "model": "stops_early",
     },
 }
 ENGINE_ARGS = {
@@ -88,12 +97,13 @@ def span_json(resource: Any, span: Any) -> dict[str, Any]:
     }
 
 
-def run(name: str, model: str) -> dict[str, Any]:
+def run(name: str, models: dict[str, str]) -> dict[str, Any]:
     import sglang
     from google.protobuf.json_format import MessageToDict
     from otlp_receivers import GrpcReceiver, HttpReceiver
 
     spec = SCENARIOS[name]
+    model = models[spec.get("model", "default")]
     os.environ.update(spec["env"])
     with HttpReceiver() as receiver, GrpcReceiver() as sglang_receiver:
         os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = receiver.endpoint
@@ -146,8 +156,10 @@ def main() -> None:
     os.environ.setdefault("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
     os.environ.setdefault("OTEL_METRIC_EXPORT_INTERVAL", "600000")  # metrics leave on the idle flush
     with tempfile.TemporaryDirectory() as tmp:
-        model = str(tiny_model.make(Path(tmp) / "model"))
-        results = {name: run(name, model) for name in names}
+        models = {"default": str(tiny_model.make(Path(tmp) / "model"))}
+        if any(SCENARIOS[name].get("model") == "stops_early" for name in names):
+            models["stops_early"] = str(tiny_model.make(Path(tmp) / "stops_early", stops_early=True))
+        results = {name: run(name, models) for name in names}
     out.write_text(json.dumps({"scenarios": results}))
 
 

@@ -9,12 +9,24 @@ SGLang's own code.
 
 from __future__ import annotations
 
+import json
+import subprocess
 from typing import Any
 
 import pytest
 
 from otel_llm import semconv as sc
-from tests.sglang.conftest import SCENARIOS, children, metric_points, needs_sglang, roots, seconds
+from tests.sglang.conftest import (
+    HERE,
+    SCENARIOS,
+    SGLANG_PYTHON,
+    children,
+    metric_points,
+    needs_sglang,
+    roots,
+    seconds,
+    sglang_env,
+)
 
 pytestmark = needs_sglang
 
@@ -86,7 +98,8 @@ def test_retracted_trace_has_the_vllm_shape(run: dict[str, Any]) -> None:
     assert retracted
     for meta, root in retracted:
         phases = {s["name"]: s for s in children(run, root)}
-        assert set(phases) == {sc.SPAN_QUEUE, sc.SPAN_PREFILL, sc.SPAN_DECODE}
+        # llm.admission covers [arrival, queued]: the tokenizer's stamp is always before the queue's.
+        assert set(phases) == {sc.SPAN_ADMISSION, sc.SPAN_QUEUE, sc.SPAN_PREFILL, sc.SPAN_DECODE}
         pairs = children(run, phases[sc.SPAN_DECODE]) + children(run, phases[sc.SPAN_PREFILL])
         names = [s["name"] for s in sorted(pairs, key=lambda s: s["start"])]
         assert names == [sc.SPAN_PREEMPTED, sc.SPAN_RECOMPUTE] * meta["num_retractions"], meta["id"]
@@ -121,3 +134,42 @@ def test_coexists_with_sglang_enable_trace(engine_runs: dict[str, dict[str, Any]
     assert any(not s["name"].startswith("llm.") for s in spans), "SGLang's own spans are missing"
     ids = [s["span_id"] for s in spans]
     assert len(ids) == len(set(ids)), "a span was exported twice"
+
+
+def test_early_eos_under_the_overlap_scheduler_finishes_each_request_once(
+    engine_runs: dict[str, dict[str, Any]],
+) -> None:
+    # The overlap scheduler streams a request that stopped on EOS as finished a second time (from the
+    # batch already launched behind it); each request must still finish once, with SGLang's counts.
+    run = engine_runs["early_eos"]
+    assert run["overlap"], "SGLang ran without its overlap scheduler: the case is not exercised"
+    reasons = [m["finish_reason"]["type"] for m in run["meta"]]
+    assert "stop" in reasons and "length" in reasons, reasons
+    assert run["arrived"]
+    assert set(roots(run)) == {m["id"] for m in run["meta"]}
+    test_token_counts_equal_sglang(run)
+    assert not metric_points(run, sc.METRIC_ANOMALIES), "lifecycle anomalies (e.g. a duplicate finish)"
+    finished = sum(int(p["as_int"]) for p in metric_points(run, sc.METRIC_REQUESTS))
+    assert finished == len(run["meta"])
+
+
+def test_instrument_uninstrument_round_trip_on_sglang_classes() -> None:
+    # SGLang's own classes (no engine started): every replaced attribute wraps SGLang's, a second
+    # instrument() changes nothing, uninstrument() restores the very same objects, and it can repeat.
+    proc = subprocess.run(
+        [str(SGLANG_PYTHON), str(HERE / "roundtrip.py")],
+        cwd="/",
+        env=sglang_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    everything = report["attributes"]
+    assert len(everything) == 7
+    assert sorted(report["instrumented_changed"]) == everything
+    assert all(report["wraps_original"].values()), report["wraps_original"]
+    assert report["second_instrument_kept"]
+    assert sorted(report["restored_identical"]) == everything
+    assert sorted(report["reinstrumented_changed"]) == everything

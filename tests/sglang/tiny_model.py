@@ -1,8 +1,14 @@
 """Make the tiny random Llama the SGLang tests serve: no download, seconds on a CPU.
 
 Hidden size 128, 4 heads, 2 layers, vocabulary 512 with a byte-level BPE tokenizer trained here on a few
-lines of text, random weights from a fixed seed (greedy output is deterministic). Runs in the SGLang
-virtualenv (it needs torch, transformers and tokenizers): ``python tiny_model.py DIR``.
+lines of text, random weights from a fixed seed (greedy output is deterministic), positions up to 2048
+(the server tests need a request long enough to disconnect from). Runs in the SGLang virtualenv (it
+needs torch, transformers and tokenizers): ``python tiny_model.py DIR [--stops-early]``.
+
+Two variants: by default EOS can never win (every request runs to ``max_new_tokens``); with
+``stops_early`` the EOS row keeps its random weights, so greedy decoding ends some prompts on EOS (the
+drivers' prompts #0 and #8 after 22 and 18 tokens) while others run on: the overlap scheduler's
+duplicate-finish case.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ CHAT_TEMPLATE = (
 )
 
 
-def make(directory: Path) -> Path:
+def make(directory: Path, stops_early: bool = False) -> Path:
     """Write config, weights and tokenizer into ``directory`` (created) and return it."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -55,20 +61,21 @@ def make(directory: Path) -> Path:
         num_key_value_heads=4,
         num_hidden_layers=2,
         vocab_size=VOCAB,
-        max_position_embeddings=512,
+        max_position_embeddings=2048,
         bos_token_id=fast.bos_token_id,
         eos_token_id=fast.eos_token_id,
         torch_dtype="float32",
     )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
-    with torch.no_grad():
-        # A zero logit for EOS: random weights would otherwise stop some prompts after a token or two,
-        # and the KV-pressure runs need requests that run to max_new_tokens.
-        model.lm_head.weight[fast.eos_token_id].zero_()
+    if not stops_early:
+        with torch.no_grad():
+            # A zero logit for EOS: random weights would otherwise stop some prompts after a token or
+            # two, and the KV-pressure runs need requests that run to max_new_tokens.
+            model.lm_head.weight[fast.eos_token_id].zero_()
     model.save_pretrained(directory)
     return directory
 
 
 if __name__ == "__main__":
-    print(make(Path(sys.argv[1])))
+    print(make(Path(sys.argv[1]), stops_early="--stops-early" in sys.argv[2:]))

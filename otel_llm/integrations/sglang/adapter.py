@@ -9,7 +9,8 @@ is SGLang's own first wait, and every retraction wait is exactly SGLang's wait a
 Per request the adapter keeps what it has already reported (output tokens, retractions, the admission
 stamp), so each scheduler call is turned into the difference since the last one:
 
-- ``requeued(req)`` after ``Scheduler._add_request_to_queue``: first time -> ``queued``; a higher
+- ``requeued(req)`` after ``Scheduler._add_request_to_queue``: first time -> ``queued`` (except SGLang's
+  own health probes, which are never tracked); a higher
   ``retraction_count`` -> ``preempted`` at the re-queue stamp (SGLang's retract = our preemption, and the
   request is recomputed from prompt + generated tokens when admitted again).
 - ``admitted(reqs)`` after ``Scheduler.get_new_batch_prefill``: a new admission stamp -> ``scheduled``
@@ -35,6 +36,10 @@ SAME_CLOCK = (
     time.get_clock_info("perf_counter").implementation == time.get_clock_info("monotonic").implementation
 )
 _PERF_TO_MONOTONIC = 0.0 if SAME_CLOCK else time.monotonic() - time.perf_counter()
+
+# Request id prefix of the one-token generation SGLang's /health and /health_generate run
+# (sglang.srt.constants.HEALTH_CHECK_RID_PREFIX); such requests are not traced.
+HEALTH_CHECK = "HEALTH_CHECK"
 
 # Attribute the tokenizer-side hook puts on the time stats that SGLang sends to the scheduler.
 CARRIED = "otel_llm"
@@ -87,6 +92,8 @@ class SGLangAdapter:
         if not entered:
             return  # rejected before the queue (priority or queue limit): SGLang streams its abort
         rid = req.rid
+        if isinstance(rid, str) and rid.startswith(HEALTH_CHECK):
+            return  # SGLang's /health probe: a one-token request per probe, not the users' traffic
         count = getattr(req, "retraction_count", 0)
         live = self._live.get(rid)
         if live is None:
