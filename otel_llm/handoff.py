@@ -11,7 +11,10 @@ a JSON header, vLLM's ``kv_transfer_params``, or HTTP headers):
 - ``llm-request-parent``: W3C header of ``llm.request``'s own parent (the caller's span), when it has one;
 - ``llm-arrival``: the request's arrival (A) at the prefill side, ``time.monotonic()`` seconds. The
   monotonic clock is shared by the processes of one Linux host, which is what this carries; instances
-  on different hosts would need a wall-clock arrival instead (not done: see DESIGN.md).
+  on different hosts would need a wall-clock arrival instead (not done: see DESIGN.md);
+- ``llm-tail-sampling``: ``keep`` or ``drop``, the prefill instance's tail-sampling decision for its
+  spans (``keep`` when it does no tail sampling), so the decode instance keeps what it kept
+  (``otel_llm.sampling``, rule ``prefill_kept``).
 
 Only the OpenTelemetry API is imported here.
 """
@@ -32,6 +35,9 @@ from otel_llm.identity import format_traceparent, normalize_carrier
 KEY_TRACEPARENT = "traceparent"
 KEY_PARENT = "llm-request-parent"
 KEY_ARRIVAL = "llm-arrival"
+KEY_TAIL = "llm-tail-sampling"
+TAIL_KEEP = "keep"
+TAIL_DROP = "drop"
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +49,7 @@ class HandedIn:
     sampled: bool
     parent: Context | None  # llm.request's parent (remote), or None when it is a trace's root
     arrival: float | None  # A, monotonic seconds
+    prefill_kept: bool | None  # the prefill instance's tail-sampling decision; None when not carried
 
 
 def _parse(value: str | None) -> tuple[int, int, int] | None:
@@ -61,9 +68,16 @@ def _parse(value: str | None) -> tuple[int, int, int] | None:
     return trace_id, span_id, flags
 
 
-def make_carrier(traceparent: str, parent: SpanContext | None, arrival: float) -> dict[str, str]:
-    """The hand-off carrier of a request (see the module docstring)."""
-    carrier = {KEY_TRACEPARENT: traceparent, KEY_ARRIVAL: repr(arrival)}
+def make_carrier(
+    traceparent: str, parent: SpanContext | None, arrival: float, kept: bool = True
+) -> dict[str, str]:
+    """The hand-off carrier of a request (see the module docstring); ``kept``: whether the prefill
+    instance keeps the request's spans (its tail-sampling decision)."""
+    carrier = {
+        KEY_TRACEPARENT: traceparent,
+        KEY_ARRIVAL: repr(arrival),
+        KEY_TAIL: TAIL_KEEP if kept else TAIL_DROP,
+    }
     if parent is not None:
         carrier[KEY_PARENT] = format_traceparent(parent.trace_id, parent.span_id, int(parent.trace_flags))
     return carrier
@@ -89,7 +103,9 @@ def read_carrier(carrier: Mapping[str, Any] | None) -> HandedIn | None:
         arrival = None
     if arrival is not None and not math.isfinite(arrival):
         arrival = None
-    return HandedIn(trace_id, span_id, bool(flags & 0x01), parent, arrival)
+    tail = headers.get(KEY_TAIL, "").strip().lower()
+    kept = True if tail == TAIL_KEEP else False if tail == TAIL_DROP else None
+    return HandedIn(trace_id, span_id, bool(flags & 0x01), parent, arrival, kept)
 
 
 def remote_request_context(trace_id: int, span_id: int, sampled: bool) -> Context:

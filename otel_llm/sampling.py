@@ -10,6 +10,8 @@ built. The rules, in the order they are asked (the first that keeps a trace name
 - ``slow_e2e``: its duration (finished - arrival, seconds) exceeded ``e2e_s``;
 - ``parent_sampled``: the caller's parent span (W3C ``traceparent`` or a local span) was sampled, so the
   caller's trace would otherwise miss a subtree;
+- ``prefill_kept``: on a decode instance, the prefill instance kept the request's spans (its decision
+  travels in the hand-off carrier, ``otel_llm.handoff``), so the trace keeps both halves;
 - ``ratio``: a share ``ratio`` of the rest, chosen by trace id (the low 64 bits below ``ratio * 2**64``,
   as the SDK's ``TraceIdRatioBased``), so every process of a trace agrees.
 
@@ -53,6 +55,7 @@ REASON_PREEMPTED = "preempted"
 REASON_SLOW_TTFT = "slow_ttft"
 REASON_SLOW_E2E = "slow_e2e"
 REASON_PARENT_SAMPLED = "parent_sampled"
+REASON_PREFILL_KEPT = "prefill_kept"
 REASON_RATIO = "ratio"
 
 _LOW_64 = (1 << 64) - 1
@@ -130,6 +133,10 @@ class TailSampler:
             self.decisions[key] = self.decisions.get(key, 0) + 1
         return reason is not None
 
+    def would_keep(self, fin: FinishedRequest, iv: Intervals) -> bool:
+        """What ``keep()`` would decide, without counting a decision."""
+        return self._reason(fin, iv) is not None
+
     def _reason(self, fin: FinishedRequest, iv: Intervals) -> str | None:
         tl = fin.timeline
         s = self.settings
@@ -139,12 +146,14 @@ class TailSampler:
             return REASON_PREEMPTED
         if s.ttft_s is not None and iv.ttft is not None and iv.ttft > s.ttft_s:
             return REASON_SLOW_TTFT
-        if s.e2e_s is not None and iv.e2e > s.e2e_s:
+        if s.e2e_s is not None and iv.e2e is not None and iv.e2e > s.e2e_s:
             return REASON_SLOW_E2E
         if tl.parent is not None:
             parent = parent_span_context(tl.parent)
             if parent is not None and parent.trace_flags.sampled:
                 return REASON_PARENT_SAMPLED
+        if tl.prefill_kept:
+            return REASON_PREFILL_KEPT
         if (tl.trace_id & _LOW_64) < self._bound:
             return REASON_RATIO
         return None

@@ -69,6 +69,7 @@ class Timeline:
         "last_event",
         "parent",
         "preemptions",
+        "prefill_kept",
         "prompt_tokens",
         "queued",
         "request_id",
@@ -113,6 +114,9 @@ class Timeline:
         # True on a decode instance for a request a prefill instance handed over (its trace identity and
         # arrival came with the transfer, see otel_llm.handoff).
         self.handed_in = False
+        # On a decode instance: whether the prefill instance kept the request's spans (tail sampling),
+        # as carried with the transfer; None when not carried.
+        self.prefill_kept: bool | None = None
         # The sampler's decision for the request span, taken once: by traceparent() or when the spans
         # are built, whichever comes first (otel_llm.spans).
         self.sampling: Any = None

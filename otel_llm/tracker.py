@@ -282,6 +282,7 @@ class RequestTracker:
                 )
                 if handed is not None:
                     tl.handed_in = True
+                    tl.prefill_kept = handed.prefill_kept
                     self._spans.continue_sampling(tl, handed.sampled)
                 self._states[WAITING] += 1
         if self._anomalies.unlogged:
@@ -526,7 +527,13 @@ class RequestTracker:
             tl = self._inflight.get(request_id)
         if traceparent is None or tl is None:
             return None
-        return make_carrier(traceparent, parent_span_context(tl.parent), tl.arrival)
+        # Tail sampling decides now what kv_sent() will: on a prefill instance no rule depends on the
+        # transfer (a handed-off request has no TTFT or e2e here), so the decision travels with it.
+        kept = True
+        if self._tail is not None:
+            fin = FinishedRequest(tl, tl.last_event, sc.REASON_HANDED_OFF, None, handed_off=True)
+            kept = self._tail.would_keep(fin, Intervals(fin))
+        return make_carrier(traceparent, parent_span_context(tl.parent), tl.arrival, kept)
 
     def traceparent(self, request_id: Any) -> str | None:
         """The W3C ``traceparent`` header value of the request's ``llm.request`` span (None if unknown)."""

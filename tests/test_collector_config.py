@@ -509,6 +509,8 @@ def test_dashboard_covers_the_serving_questions() -> None:
         s.METRIC_SPEC_ACCEPTED_TOKENS,
         s.METRIC_STEP_TOKENS,
         s.METRIC_SAMPLING_DECISIONS,
+        s.METRIC_KV_TRANSFER,
+        s.METRIC_KV_TRANSFER_BYTES,
     ):
         kind, unit = metric_kinds()[name]
         assert prometheus_metric_names(name, kind, unit) & used, f"no panel charts {name}"

@@ -3,6 +3,11 @@
 Telemetry goes where the OTEL_* environment says (``OTEL_EXPORTER_OTLP_ENDPOINT`` for a collector; no
 endpoint: OTLP JSON files in ./otel-llm-output/). Callers that send a W3C ``traceparent`` header get
 the ``llm.request`` span in their own trace; every answer names its trace in ``x-trace-id``.
+
+``--disaggregated`` runs the engine as a prefill worker process and a decode worker process (their KV
+sent over a Unix socket) behind this API process, which routes (``otel_llm.server.disaggregated``). Each
+worker exports its own telemetry (files: ``<run folder>/prefill/`` and ``<run folder>/decode/``); the
+API process exports none.
 """
 
 from __future__ import annotations
@@ -33,6 +38,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=tcp_port, default=8000, help="TCP port (default 8000; 0 picks a free one)")
     p.add_argument(
         "--kv-blocks", type=positive_int, default=64, help="KV cache blocks of 16 tokens (default 64)"
+    )
+    p.add_argument(
+        "--disaggregated",
+        action="store_true",
+        help="run a prefill worker process and a decode worker process; this process routes",
+    )
+    p.add_argument(
+        "--prefill-kv-blocks",
+        type=positive_int,
+        default=None,
+        help="with --disaggregated: the prefill worker's KV cache blocks (default --kv-blocks)",
+    )
+    p.add_argument(
+        "--decode-kv-blocks",
+        type=positive_int,
+        default=None,
+        help="with --disaggregated: the decode worker's KV cache blocks (default --kv-blocks)",
     )
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     p.add_argument("--model-name", default="otel-llm-tiny", help="the model name clients must ask for")
@@ -77,6 +99,12 @@ def run(args: argparse.Namespace) -> int:
     problem = check_device(args.device)
     if problem is not None:
         raise SystemExit(f"otel-llm serve: {problem}")
+    if args.disaggregated:
+        from otel_llm.commands.serve_disaggregated import run_disaggregated
+
+        return run_disaggregated(args)
+    if args.prefill_kv_blocks is not None or args.decode_kv_blocks is not None:
+        raise SystemExit("otel-llm serve: --prefill-kv-blocks and --decode-kv-blocks need --disaggregated")
 
     import otel_llm
     from otel_llm.engine import EngineConfig, LLMEngine, ModelConfig

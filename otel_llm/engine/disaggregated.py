@@ -1,8 +1,14 @@
 """The reference engine disaggregated on one machine: a prefill worker process and a decode worker
 process (``multiprocessing``, spawn), the KV cache of each request sent between them over a Unix socket.
 
-    router (this process) ──requests──> prefill worker ──KV over a Unix socket──> decode worker
+    router (this process) ──requests, aborts──> prefill worker ──KV, aborts (Unix socket)──> decode worker
+            <──── queued (id, traceparent) ──────────┘
             <──────────────────────────── outputs (the decode worker's; and requests ended at prefill)
+
+The prefill worker draws each request's trace identity (its tracker, its sampler) and answers it at once
+(``Queued``), so a server can send a request's ``traceparent`` before its first token. An ``Abort``
+ends the request where it is: in the prefill engine, else it follows the request's hand-off over the
+socket to the decode worker. The workers ignore SIGINT: the router decides when they stop.
 
 Each worker has its own engine (its own small KV cache, so each preempts on its own), its own
 ``RequestTracker`` with its role, and its own telemetry from ``otel_llm.configure()`` (OTLP when the
@@ -17,6 +23,7 @@ import contextlib
 import multiprocessing as mp
 import os
 import queue
+import signal
 import socket
 import tempfile
 import threading
@@ -27,7 +34,7 @@ from typing import Any
 
 from otel_llm.engine.config import EngineConfig
 
-_POLL_S = 0.005  # how long an idle worker waits for work before looking again (seconds)
+_ORPHAN_CHECK_S = 1.0  # how often an idle prefill worker checks that the router still runs (seconds)
 
 
 @dataclass(slots=True)
@@ -39,6 +46,24 @@ class Submit:
     max_tokens: int
     arrival_ts: float  # monotonic seconds
     carrier: dict[str, str] | None = None
+    stop_token_ids: tuple[int, ...] = ()  # tokens that end the request (on either worker)
+
+
+@dataclass(slots=True)
+class Abort:
+    """The router no longer wants a request (its client hung up, or the server is stopping)."""
+
+    request_id: str
+
+
+@dataclass(slots=True)
+class Queued:
+    """The prefill worker queued a request: the W3C ``traceparent`` of its ``llm.request`` span (None
+    without one). ``error`` is set instead when the worker could not take it (nothing else follows)."""
+
+    request_id: str
+    traceparent: str | None
+    error: str | None = None
 
 
 @dataclass(slots=True)
@@ -57,6 +82,10 @@ def _telemetry(role: str, output_dir: str | None, model: str, resource: dict[str
 
     import otel_llm
 
+    # Ctrl-C, and a service manager's SIGTERM, reach every process of the group: the router stops us
+    # (so telemetry is flushed); if the router itself dies, the prefill worker notices and stops.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     torch.set_num_threads(1)  # tiny matrices; two workers share the machine's cores
     out = None if output_dir is None else Path(output_dir) / role
     telemetry = otel_llm.configure(
@@ -100,22 +129,42 @@ def prefill_worker(
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(sock_path)
     outputs.put(("ready", "prefill"))
+    router = mp.parent_process()
+    assert router is not None
+
+    def idle() -> bool:
+        return not engine.has_unfinished()
+
     stopping = False
     while not stopping or engine.has_unfinished():
         while not stopping:
             try:
-                item = requests.get(block=not engine.has_unfinished())
+                item = requests.get(timeout=_ORPHAN_CHECK_S) if idle() else requests.get_nowait()
             except queue.Empty:
+                if idle() and not router.is_alive():  # the router is gone: stop as if it had asked
+                    stopping = True
                 break
             if item is None:
                 stopping = True
                 break
+            if isinstance(item, Abort):
+                if not engine.abort_request(item.request_id):  # handed off already (or unknown there)
+                    kv_transfer.send_abort(sock, item.request_id)
+                continue
             try:
                 engine.add_request(
-                    item.prompt_token_ids, item.max_tokens, item.request_id, item.carrier, (), item.arrival_ts
+                    item.prompt_token_ids,
+                    item.max_tokens,
+                    item.request_id,
+                    item.carrier,
+                    item.stop_token_ids,
+                    item.arrival_ts,
                 )
-            except ValueError:  # a request this engine can never run: it ends here, as an error
+            except ValueError as exc:  # a request this engine can never run: it ends here, as an error
+                outputs.put(Queued(item.request_id, None, str(exc)))
                 outputs.put(Output(item.request_id, [], True, "error", time.monotonic()))
+            else:
+                outputs.put(Queued(item.request_id, tracker.traceparent(item.request_id)))
         if not engine.has_unfinished():
             continue
         for out in engine.step():  # requests that ended here (e.g. max_tokens 1) are delivered from here
@@ -165,6 +214,9 @@ def decode_worker(
             if got is None:
                 closed = True
                 break
+            if isinstance(got, kv_transfer.AbortRequest):
+                engine.abort_request(got.request_id)  # False when it had finished here already
+                continue
             h, started, done, num_bytes = got
             engine.add_handoff(h, started, done, num_bytes)
         if engine.has_unfinished():
@@ -222,7 +274,8 @@ class DisaggregatedEngine:
         self._started.append(self._prefill)
         self._prefill.start()
         self._wait_for("ready", "prefill")
-        self._held: list[Output] = []
+        self._held: list[Output | Queued] = []
+        self.closed = False  # close() was called
 
     def _wait_for(self, what: str, role: str, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -236,7 +289,7 @@ class DisaggregatedEngine:
                 continue
             if item == (what, role):
                 return
-            if isinstance(item, Output):
+            if isinstance(item, (Output, Queued)):
                 self._held.append(item)
 
     def _stop_all(self) -> None:
@@ -249,18 +302,33 @@ class DisaggregatedEngine:
     def submit(self, request: Submit) -> None:
         self._requests.put(request)
 
-    def outputs(self, timeout_s: float = 0.1) -> list[Output]:
-        """Outputs available now (waiting up to ``timeout_s`` for the first)."""
-        got, self._held = self._held, []
+    def abort(self, request_id: str) -> None:
+        """End a submitted request wherever it is now (finish reason ``abort``); a no-op once finished."""
+        self._requests.put(Abort(request_id))
+
+    def events(self, timeout_s: float = 0.1) -> list[Output | Queued]:
+        """Outputs and ``Queued`` answers available now (waiting up to ``timeout_s`` for the first)."""
+        got: list[Any] = list(self._held)
+        self._held = []
         with contextlib.suppress(queue.Empty):
             if not got:
                 got.append(self._outputs.get(timeout=timeout_s))
             while True:
                 got.append(self._outputs.get_nowait())
-        return [o for o in got if isinstance(o, Output)]
+        return [o for o in got if isinstance(o, (Output, Queued))]
+
+    def outputs(self, timeout_s: float = 0.1) -> list[Output]:
+        """Outputs available now (waiting up to ``timeout_s`` for the first)."""
+        return [o for o in self.events(timeout_s) if isinstance(o, Output)]
+
+    def alive(self) -> bool:
+        """Whether both workers are running."""
+        return all(p.is_alive() for p in self._started)
 
     def close(self, timeout_s: float = 60.0) -> list[Output]:
-        """Finish every submitted request, stop both workers (telemetry flushed); the last outputs."""
+        """Finish every submitted request, stop both workers (telemetry flushed); the last outputs.
+        Workers still running ``timeout_s`` seconds from now are killed."""
+        self.closed = True
         self._requests.put(None)
         rest: list[Output] = []
         stopped: set[str] = set()
@@ -270,9 +338,9 @@ class DisaggregatedEngine:
                 item = self._outputs.get(timeout=0.2)
                 if isinstance(item, Output):
                     rest.append(item)
-                elif item[0] == "stopped":
+                elif isinstance(item, tuple) and item[0] == "stopped":
                     stopped.add(item[1])
         for proc in self._started:
-            proc.join(timeout=10)
+            proc.join(timeout=max(0.0, min(10.0, deadline - time.monotonic())))
         self._stop_all()
-        return self._held + rest
+        return [o for o in self._held if isinstance(o, Output)] + rest

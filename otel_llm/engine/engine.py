@@ -60,6 +60,22 @@ class RequestTooLong(ValueError):
         self.prompt_tokens, self.max_tokens, self.limit = prompt_tokens, max_tokens, limit
 
 
+def validate_request(
+    tokenizer: ByteTokenizer, config: EngineConfig, prompt: str | list[int], max_tokens: int
+) -> list[int]:
+    """The prompt's token ids, or ValueError (RequestTooLong when it does not fit) when the request
+    could never run on an engine with ``config``."""
+    token_ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    if not token_ids:
+        raise ValueError("prompt is empty; pass at least one character or token id")
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    limit = min(config.kv_capacity, config.model.max_position)
+    if len(token_ids) + max_tokens > limit:
+        raise RequestTooLong(len(token_ids), max_tokens, limit)
+    return token_ids
+
+
 class LLMEngine:
     """A continuous-batching engine over a paged KV cache, with recompute preemption.
 
@@ -148,15 +164,7 @@ class LLMEngine:
 
     def validate_request(self, prompt: str | list[int], max_tokens: int) -> list[int]:
         """The prompt's token ids, or ValueError when the request could never run on this engine."""
-        token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        if not token_ids:
-            raise ValueError("prompt is empty; pass at least one character or token id")
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-        limit = min(self.config.kv_capacity, self.config.model.max_position)
-        if len(token_ids) + max_tokens > limit:
-            raise RequestTooLong(len(token_ids), max_tokens, limit)
-        return token_ids
+        return validate_request(self.tokenizer, self.config, prompt, max_tokens)
 
     def abort_request(self, request_id: str) -> bool:
         """Remove a waiting or running request; False if it is unknown or already finished."""

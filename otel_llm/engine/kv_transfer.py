@@ -3,7 +3,8 @@
 One message per request: a 4-byte big-endian header length, a JSON header (the request's tokens, the
 tensor's shape and dtype, the tracker's hand-off carrier), then the K/V bytes. The receiver stamps the
 header's arrival and the last byte's (``time.monotonic()`` seconds): the decode instance's transfer is
-[header, last byte], the prefill instance's ends when ``sendall`` returned.
+[header, last byte], the prefill instance's ends when ``sendall`` returned. An abort is a header alone,
+``{"abort": request_id}``: sent on the same socket, it always arrives after the request's hand-off.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import socket
 import struct
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -19,6 +21,19 @@ from otel_llm.engine.engine import Handoff
 
 _LEN = struct.Struct(">I")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True, slots=True)
+class AbortRequest:
+    """The prefill instance no longer wants ``request_id`` (its client hung up): abort it if it is here."""
+
+    request_id: str
+
+
+def send_abort(sock: socket.socket, request_id: str) -> None:
+    """Ask the decode instance to abort a request handed off earlier on this socket."""
+    header = json.dumps({"abort": request_id}).encode()
+    sock.sendall(_LEN.pack(len(header)) + header)
 
 
 def send(sock: socket.socket, h: Handoff) -> int:
@@ -54,8 +69,9 @@ def _read(sock: socket.socket, n: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def receive(sock: socket.socket) -> tuple[Handoff, float, float, int] | None:
-    """The next hand-off with (header arrived, last byte arrived, K/V bytes); None when the peer closed."""
+def receive(sock: socket.socket) -> tuple[Handoff, float, float, int] | AbortRequest | None:
+    """The next hand-off with (header arrived, last byte arrived, K/V bytes), or an abort; None when
+    the peer closed."""
     size = _read(sock, _LEN.size)
     if size is None:
         return None
@@ -64,6 +80,8 @@ def receive(sock: socket.socket) -> tuple[Handoff, float, float, int] | None:
         return None
     started = time.monotonic()
     header = json.loads(raw)
+    if "abort" in header:
+        return AbortRequest(str(header["abort"]))
     payload = _read(sock, header["bytes"]) if header["bytes"] else b""
     if payload is None:
         return None

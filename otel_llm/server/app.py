@@ -26,6 +26,7 @@ from otel_llm.engine import AsyncLLMEngine, LLMEngine
 from otel_llm.engine.async_engine import RequestStream
 from otel_llm.engine.engine import RequestTooLong
 from otel_llm.server import errors, protocol
+from otel_llm.server.disaggregated import DisaggregatedFront
 from otel_llm.server.streaming import DONE, ClientGone, EventStream, sse, unless_disconnected
 
 TRACE_HEADERS = ("traceparent", "tracestate")  # W3C Trace Context, read from the caller
@@ -36,12 +37,13 @@ CLIENT_CLOSED = 499  # nginx's status for "client closed request"; nobody receiv
 
 
 def create_app(
-    engine: LLMEngine,
+    engine: LLMEngine | DisaggregatedFront,
     model: str = "otel-llm-tiny",
     on_shutdown: Callable[[], object] | None = None,
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
 ) -> FastAPI:
-    """A FastAPI app serving ``engine`` under the model name ``model``.
+    """A FastAPI app serving ``engine`` under the model name ``model``: one ``LLMEngine``, or the
+    front of a prefill and a decode worker (``otel_llm.server.disaggregated``).
 
     A request whose body has not fully arrived ``body_timeout_s`` seconds after its headers is answered
     408, so a client that stalls mid-body holds neither a handler nor a graceful shutdown for long.
@@ -90,8 +92,8 @@ def create_app(
 
 
 class _Server:
-    def __init__(self, engine: LLMEngine, model: str, body_timeout_s: float) -> None:
-        self.engine = AsyncLLMEngine(engine)
+    def __init__(self, engine: LLMEngine | DisaggregatedFront, model: str, body_timeout_s: float) -> None:
+        self.engine = AsyncLLMEngine(engine) if isinstance(engine, LLMEngine) else engine
         self.model = model
         self.body_timeout_s = body_timeout_s
         self.created = int(time.time())

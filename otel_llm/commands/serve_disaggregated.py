@@ -1,0 +1,74 @@
+"""``otel-llm serve --disaggregated``: the API process in front of a prefill and a decode worker.
+
+The workers start first (the port opens once both are ready). On SIGTERM or Ctrl-C uvicorn lets open
+connections finish for ``--graceful-timeout`` seconds, then the app's shutdown aborts what is left and
+gives the workers ``OTEL_LLM_SHUTDOWN_TIMEOUT`` + 1 s to stop and flush their telemetry before ending them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import uuid
+
+from otel_llm.commands._common import SERVICE_INSTANCE_ID, destinations, run_dir
+
+
+def run_disaggregated(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from otel_llm.engine import EngineConfig, ModelConfig
+    from otel_llm.engine.disaggregated import DisaggregatedEngine
+    from otel_llm.export import otlp
+    from otel_llm.server import create_app
+    from otel_llm.server.disaggregated import DisaggregatedFront, shutdown_budget_s
+
+    model = ModelConfig(seed=args.seed)
+
+    def config(blocks: int | None) -> EngineConfig:
+        return EngineConfig(
+            model=model,
+            num_kv_blocks=blocks or args.kv_blocks,
+            device=args.device,
+            step_spans=args.step_spans,
+        )
+
+    prefill, decode = config(args.prefill_kv_blocks), config(args.decode_kv_blocks)
+    try:
+        to_files = "file" in (otlp.destination("traces"), otlp.destination("metrics"))
+    except ValueError as exc:
+        raise SystemExit(f"otel-llm serve: {exc}") from None
+    out = run_dir(args.output_dir, "serve")
+    for line in destinations():
+        print(f"otel-llm serve: {line}", file=sys.stderr, flush=True)
+    if to_files:
+        print(f"otel-llm serve: files: {out / 'prefill'} and {out / 'decode'}", file=sys.stderr, flush=True)
+    workers = DisaggregatedEngine(
+        prefill,
+        decode,
+        output_dir=out,
+        model=args.model_name,
+        resource_attributes={SERVICE_INSTANCE_ID: uuid.uuid4().hex},
+    )
+    front = DisaggregatedFront(workers, prefill, decode)
+    print("otel-llm serve: prefill and decode workers ready", file=sys.stderr, flush=True)
+
+    def report() -> None:
+        if to_files:
+            for path in sorted(out.glob("*/*.jsonl")):
+                if path.stat().st_size > 0:
+                    print(f"otel-llm serve: wrote {path}", file=sys.stderr, flush=True)
+
+    app = create_app(front, model=args.model_name, on_shutdown=report, body_timeout_s=args.body_timeout)
+    try:
+        uvicorn.run(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            timeout_graceful_shutdown=args.graceful_timeout,
+        )
+    finally:  # uvicorn never started (e.g. the port is taken): the app's shutdown did not run
+        if not workers.closed:
+            workers.close(timeout_s=shutdown_budget_s())
+    return 0
