@@ -16,6 +16,7 @@ SPAN_DECODE = "llm.decode"
 SPAN_PREEMPTED = "llm.preempted"
 SPAN_RECOMPUTE = "llm.recompute"
 SPAN_ENGINE_STEP = "llm.engine.step"
+SPAN_CHOICES = "llm.choices"  # parent of the llm.request spans of one request with n > 1 choices
 
 # --- span events on llm.request ----------------------------------------------------------------------
 EVENT_QUEUED = "llm.queued"
@@ -34,6 +35,9 @@ GEN_AI_TOKEN_TYPE = "gen_ai.token.type"
 ERROR_TYPE = "error.type"
 
 LLM_REQUEST_ID = "llm.request.id"
+VLLM_REQUEST_ID = "vllm.request.id"  # vLLM's internal (engine) id; llm.request.id is the client's
+LLM_CHOICE_INDEX = "llm.choice.index"
+GEN_AI_REQUEST_CHOICE_COUNT = "gen_ai.request.choice.count"
 LLM_PREEMPTIONS = "llm.preemptions"
 LLM_RESUMED = "llm.resumed"
 LLM_OUTPUT_TOKENS = "llm.output_tokens"
