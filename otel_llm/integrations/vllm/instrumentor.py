@@ -227,12 +227,31 @@ def _client_request_id(user_hook: Callable[..., None] | None) -> Callable[..., N
     return span_hook
 
 
+class _UnlessHandled(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes otel_llm's records to stderr only when no root handler would take them.
+
+    Under `vllm serve`, a dependency of vLLM sets the root logger and its handlers to ERROR
+    (model_hosting_container_standards), so a library's warnings vanish. Records still propagate as
+    usual; this handler is the fallback where they would be dropped.
+    """
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if any(record.levelno >= h.level for h in logging.getLogger().handlers):
+            return
+        super().emit(record)
+
+
 def _make_warnings_visible() -> None:
-    """vLLM's dependencies raise the root logger to ERROR under `vllm serve`; otel_llm's warnings (a
-    missing engine-core plugin, a pipeline without histograms) must still show."""
+    """otel_llm's warnings (a missing engine-core plugin, a pipeline without histograms) must show under
+    vLLM, whose dependencies raise the root logger to ERROR: the package logger gets its own level and
+    a fallback handler, unless the application configured it."""
     package_logger = logging.getLogger("otel_llm")
     if package_logger.level == logging.NOTSET:
         package_logger.setLevel(logging.WARNING)
+    if not any(isinstance(h, _UnlessHandled) for h in package_logger.handlers):
+        handler = _UnlessHandled()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [%(name)s] %(message)s"))
+        package_logger.addHandler(handler)
 
 
 def _patch_vllm() -> None:
