@@ -108,17 +108,24 @@ class VLLMAdapter:
         self._choice_of: dict[str, Choices] = {}  # child request id -> its parent's Choices
         self._warned_no_events = False
 
-    def request_added(self, request: Any, parent: Any = None, index: int = 0) -> None:
+    def request_added(
+        self,
+        request: Any,
+        parent: Any = None,
+        index: int = 0,
+        caller_headers: Mapping[str, str] | None = None,
+    ) -> None:
         """Remember a new ``EngineCoreRequest``; the tracker hears of it when its QUEUED event arrives.
 
         ``parent``: vLLM's ``ParentRequest`` when the request is one of ``n > 1`` choices (``index``).
+        ``caller_headers``: the caller's W3C headers when vLLM left them off the request.
         """
         request_id = request.request_id
         if request_id in self._pending or request_id in self._live:
             return  # a streaming-input update of a request we already follow
         arrival_wall = getattr(request, "arrival_time", None)
         arrival = wall_to_monotonic(arrival_wall) if arrival_wall else None
-        headers = getattr(request, "trace_headers", None)
+        headers = getattr(request, "trace_headers", None) or caller_headers
         carrier = dict(headers) if headers else None
         count = _choice_count(parent)
         identity = identify(request, index if count > 1 else None)
@@ -128,6 +135,7 @@ class VLLMAdapter:
             choices = self._choices_of(parent, identity, tracker, arrival, count, carrier)
             self._choice_of[request_id] = choices
             carrier = None  # the choice's parent is the llm.choices span
+            arrival = choices.arrival  # one conversion to monotonic for all: children start with it
         self._pending[request_id] = _Pending(
             arrival, prompt_length(request), carrier, identity, tracker, choices
         )

@@ -34,7 +34,7 @@ def wall_offset_ns(tracker: Any) -> int:
 class Choices:
     """The ``llm.choices`` span of one ``n > 1`` request while its choices run."""
 
-    __slots__ = ("_end", "_offset_ns", "_remaining", "context", "span")
+    __slots__ = ("_end", "_offset_ns", "_remaining", "arrival", "context", "span")
 
     def __init__(
         self,
@@ -58,6 +58,7 @@ class Choices:
         )
         self.context = trace.set_span_in_context(self.span, otel_context.Context())
         self._remaining = count
+        self.arrival = arrival
         self._end = arrival
 
     def child_finished(self, finished: float) -> bool:

@@ -16,6 +16,7 @@ adapter's errors are logged once and vLLM's own call always runs.
 
 from __future__ import annotations
 
+import contextvars
 import importlib
 import importlib.util
 import inspect
@@ -47,6 +48,12 @@ ENV_CONFIGURE = "OTEL_LLM_VLLM_CONFIGURE"
 # Keyword arguments that opentelemetry-instrument passes to every instrumentor; not tracker options.
 _LOADER_KWARGS = ("raise_exception_on_conflict", "skip_dep_check")
 _PROVIDER_NAME = "vllm"
+
+# The caller's W3C headers of the request being added on this task: AsyncLLM.add_request drops them
+# before they reach the engine request unless vLLM's own tracing is on (--otlp-traces-endpoint).
+_CALLER_HEADERS: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
+    "otel_llm_vllm_caller_headers", default=None
+)
 
 _warned: set[str] = set()  # messages already logged once in this process
 
@@ -273,6 +280,9 @@ def _patch_vllm() -> None:
                 patch.replace(scheduler_cls, "__init__", _stats_on(scheduler_cls.__init__))
             for engine_cls in _engine_classes():
                 patch.replace(engine_cls, "__init__", _model_from_config(engine_cls.__init__))
+                add_request = engine_cls.__dict__.get("add_request")
+                if inspect.iscoroutinefunction(add_request):
+                    patch.replace(engine_cls, "add_request", _keep_caller_headers(add_request))
             VLLMInstrumentor._patch = patch
         except Exception:  # never break `import vllm`
             _warn_once("otel_llm: could not instrument vLLM; vLLM is unaffected", exc_info=True)
@@ -369,6 +379,25 @@ def _note_model(engine: Any) -> None:
         VLLMInstrumentor._adapter(processor).model = name
 
 
+def _keep_caller_headers(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``AsyncLLM.add_request`` that leaves the caller's trace headers where our adapter finds them."""
+    signature = inspect.signature(original)
+
+    async def add_request(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            headers = signature.bind(self, *args, **kwargs).arguments.get("trace_headers")
+        except TypeError:
+            headers = None
+        token = _CALLER_HEADERS.set(dict(headers) if headers else None)
+        try:
+            return await original(self, *args, **kwargs)
+        finally:
+            _CALLER_HEADERS.reset(token)
+
+    add_request.__wrapped__ = original  # type: ignore[attr-defined]
+    return add_request
+
+
 def _wrap_add_request(original: Callable[..., Any]) -> Callable[..., Any]:
     signature = inspect.signature(original)
 
@@ -391,7 +420,7 @@ def _request_added(
         bound = {}
     parent, index = bound.get("parent_req"), bound.get("request_index", 0)
     VLLMInstrumentor._adapter(processor).request_added(
-        request, parent, index if isinstance(index, int) else 0
+        request, parent, index if isinstance(index, int) else 0, _CALLER_HEADERS.get()
     )
 
 
