@@ -11,8 +11,7 @@ internal id unique (``cmpl-<base>-0-8281c457``), and with ``n > 1`` every choice
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 OPERATION_CHAT = "chat"
 OPERATION_TEXT_COMPLETION = "text_completion"
@@ -21,8 +20,7 @@ _CHAT_PREFIX = "chatcmpl-"
 _COMPLETION_PREFIX = "cmpl-"
 
 
-@dataclass(frozen=True, slots=True)
-class RequestIdentity:
+class RequestIdentity(NamedTuple):
     """Names of one engine sequence.
 
     ``client_id``: the id in the HTTP response (or the caller's id offline); ``internal_id``: vLLM's

@@ -9,7 +9,6 @@ imported, lets the normal import finish, then calls back. The finder removes its
 from __future__ import annotations
 
 import contextlib
-import importlib.abc
 import importlib.machinery
 import sys
 import threading
@@ -18,7 +17,7 @@ from types import ModuleType
 from typing import Any
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
+class _AfterImport:  # a sys.meta_path finder (importlib.abc is not imported: start-up cost)
     """Finds nothing itself; for ``name`` it wraps the real loader so ``callback`` runs after it."""
 
     def __init__(self, name: str, callback: Callable[[], None]) -> None:
@@ -48,7 +47,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-class _Loader(importlib.abc.Loader):
+class _Loader:  # an importlib loader
     def __init__(self, inner: Any, finder: _AfterImport) -> None:
         self.inner = inner
         self.finder = finder

@@ -19,18 +19,20 @@ from __future__ import annotations
 import contextvars
 import importlib
 import importlib.util
-import inspect
 import logging
 import os
 import sys
 import threading
 import weakref
 from collections.abc import Callable, Collection, Iterable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from otel_llm import semconv as sc
 from otel_llm.integrations.vllm import import_hook
 from otel_llm.integrations.vllm.adapter import VLLMAdapter
+
+if TYPE_CHECKING:
+    import inspect
 
 _log = logging.getLogger(__name__)
 
@@ -268,6 +270,8 @@ def _patch_vllm() -> None:
         if VLLMInstrumentor._patch is not None:
             return
         try:
+            import inspect
+
             found = _find_vllm()
             if found is None:
                 return
@@ -290,6 +294,8 @@ def _patch_vllm() -> None:
 
 def _find_vllm() -> tuple[type, type | None] | None:
     """vLLM's OutputProcessor (and Scheduler) when they have what we wrap; else warn once, None."""
+    import inspect  # here, not at module import: start-up cost under opentelemetry-instrument
+
     spec = importlib.util.find_spec("vllm")
     # A namespace package (no origin) is some folder named vllm on sys.path, such as a test folder.
     if spec is None or spec.origin is None:
@@ -323,6 +329,8 @@ def _find_vllm() -> tuple[type, type | None] | None:
 
 def _stats_on(original: Callable[..., None]) -> Callable[..., None]:
     """Scheduler.__init__ with ``log_stats=True``: only then does it record request events."""
+    import inspect  # here, not at module import: start-up cost under opentelemetry-instrument
+
     signature = inspect.signature(original)
 
     def __init__(*args: Any, **kwargs: Any) -> None:
@@ -381,6 +389,8 @@ def _note_model(engine: Any) -> None:
 
 def _keep_caller_headers(original: Callable[..., Any]) -> Callable[..., Any]:
     """``AsyncLLM.add_request`` that leaves the caller's trace headers where our adapter finds them."""
+    import inspect  # here, not at module import: start-up cost under opentelemetry-instrument
+
     signature = inspect.signature(original)
 
     async def add_request(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -399,6 +409,8 @@ def _keep_caller_headers(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _wrap_add_request(original: Callable[..., Any]) -> Callable[..., Any]:
+    import inspect  # here, not at module import: start-up cost under opentelemetry-instrument
+
     signature = inspect.signature(original)
 
     def add_request(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
