@@ -66,7 +66,10 @@ printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s\n' "$VLLM_VERSION" \
 # 4. otel_llm itself, editable, so the tier tests this checkout (entry points from its metadata).
 "${PIP[@]}" --no-deps --no-build-isolation -e "$ROOT"
 # 5. The tiny model.
-"$VENV/bin/python" "$HERE/tiny_model.py" "$MODEL" >/dev/null 2>&1
+if ! "$VENV/bin/python" "$HERE/tiny_model.py" "$MODEL" >"$VENV/tiny-model.log" 2>&1; then
+    cat "$VENV/tiny-model.log" >&2
+    exit 1
+fi
 
 if ! probe; then
     echo "make_engine_env: $VENV was built but does not pass its probe" >&2
