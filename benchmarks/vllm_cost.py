@@ -53,7 +53,13 @@ def _clean_env(**extra: str) -> dict[str, str]:
 
 
 def worker(rounds: int, prompts: int, max_tokens: int) -> dict[str, list[float]]:
-    """Alternate instrumented and bare ``generate()`` rounds on one LLM; tokens/s per variant."""
+    """Alternate instrumented and bare ``generate()`` rounds on one LLM.
+
+    Per variant and round: output tokens per wall-clock second, and the CPU seconds this (frontend)
+    process spent per 1,000 output tokens (``time.process_time``; the engine core is another process
+    and runs the same code in both variants). CPU time is what otel_llm adds and what other jobs on a
+    shared machine disturb least.
+    """
     from vllm import LLM, SamplingParams
 
     import otel_llm
@@ -75,23 +81,25 @@ def worker(rounds: int, prompts: int, max_tokens: int) -> dict[str, list[float]]
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     instrumentor = VLLMInstrumentor()
     llm.generate(texts, params, use_tqdm=False)  # warm-up
-    rates: dict[str, list[float]] = {"with": [], "without": []}
+    rates: dict[str, list[float]] = {"with": [], "without": [], "with cpu": [], "without cpu": []}
     for r in range(rounds):
         for variant in ("with", "without") if r % 2 == 0 else ("without", "with"):
             if variant == "with":
                 instrumentor.instrument()
             else:
                 instrumentor.uninstrument()
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             outputs = llm.generate(texts, params, use_tqdm=False)
-            elapsed = time.perf_counter() - start
-            rates[variant].append(sum(len(o.outputs[0].token_ids) for o in outputs) / elapsed)
+            elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+            tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+            rates[variant].append(tokens / elapsed)
+            rates[f"{variant} cpu"].append(1e6 * cpu / tokens)  # ms per 1,000 tokens
     telemetry.shutdown()
     return rates
 
 
 def throughput(quick: bool) -> dict[str, object]:
-    rounds, prompts, max_tokens = (1, 4, 8) if quick else (8, 24, 96)
+    rounds, prompts, max_tokens = (1, 4, 8) if quick else (20, 24, 96)
     env = _clean_env(**ENGINE_ENV, VLLM_CACHE_ROOT=tempfile.mkdtemp(prefix="vllm-cache-"))
     out = Path(tempfile.mkdtemp(prefix="vllm-cost-")) / "rates.json"
     code = (
@@ -105,12 +113,17 @@ def throughput(quick: bool) -> dict[str, object]:
         raise RuntimeError(f"throughput worker failed:\n{proc.stderr[-4000:]}")
     rates = json.loads(out.read_text())
     with_, without = statistics.median(rates["with"]), statistics.median(rates["without"])
+    # Rounds r of both variants ran back to back: their ratio cancels the machine's drift.
+    paired = sorted(100.0 * (1 - w / wo) for w, wo in zip(rates["with"], rates["without"]))
     return {
         "rounds": rounds,
         "workload": f"{prompts} prompts x {max_tokens} tokens, KV cache of 20 blocks x 32 tokens",
         "with": with_,
         "without": without,
-        "cost_percent": 100.0 * (1 - with_ / without),
+        "cost_percent": statistics.median(paired),
+        "cost_spread": (paired[0], paired[-1]),
+        "cpu_with": statistics.median(rates["with cpu"]),
+        "cpu_without": statistics.median(rates["without cpu"]),
         "all": rates,
     }
 
@@ -125,7 +138,8 @@ def _time_process(command: list[str], env: dict[str, str]) -> float:
 
 
 def startup(bin_dir: Path, rounds: int) -> dict[str, float]:
-    """Median seconds of `opentelemetry-instrument python -c pass`, entry point on and off."""
+    """Median (and fastest, ``<name> min``) seconds of `opentelemetry-instrument python -c pass`, entry
+    point on and off; the fastest run is the least disturbed by other jobs on a shared machine."""
     base = _clean_env(
         **ENGINE_ENV, OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none"
     )
@@ -137,7 +151,9 @@ def startup(bin_dir: Path, rounds: int) -> dict[str, float]:
         for name in ("with", "without") if r % 2 == 0 else ("without", "with"):
             times[name].append(_time_process(command, variants[name]))
         times["bare python"].append(_time_process([str(bin_dir / "python"), "-c", "pass"], base))
-    return {name: statistics.median(values) for name, values in times.items()}
+    result = {name: statistics.median(values) for name, values in times.items()}
+    result.update({f"{name} min": min(values) for name, values in times.items()})
+    return result
 
 
 # --- report -----------------------------------------------------------------------------------------
@@ -155,24 +171,29 @@ def report(tp: dict[str, object], starts: dict[str, dict[str, float]]) -> str:
         "",
         f"Workload: {tp['workload']}; {tp['rounds']} rounds per variant, alternating.",
         "",
-        "| variant | output tokens/s (median) |",
-        "|---|---|",
-        f"| without otel_llm | {tp['without']:.1f} |",
-        f"| with otel_llm | {tp['with']:.1f} |",
+        "| variant | output tokens/s (median) | frontend CPU ms per 1,000 tokens (median) |",
+        "|---|---|---|",
+        f"| without otel_llm | {tp['without']:.1f} | {tp['cpu_without']:.1f} |",
+        f"| with otel_llm | {tp['with']:.1f} | {tp['cpu_with']:.1f} |",
         "",
-        f"Cost: {tp['cost_percent']:+.2f} % tokens per second (negative: within noise, faster with).",
+        f"Cost in tokens per second, median of the rounds' paired ratios: {tp['cost_percent']:+.2f} % "
+        f"(rounds ranged {tp['cost_spread'][0]:+.1f} % to {tp['cost_spread'][1]:+.1f} %; negative: faster "
+        "with). Added CPU time in the frontend process: "
+        f"{tp['cpu_with'] - tp['cpu_without']:+.1f} ms per 1,000 output tokens.",
         "",
         "## `opentelemetry-instrument python -c pass`",
         "",
-        "| environment | entry point on (ms) | entry point off (ms) | difference (ms) | plain python (ms) |",
+        "Medians, then the fastest run in parentheses (ms).",
+        "",
+        "| environment | entry point on | entry point off | difference | plain python |",
         "|---|---|---|---|---|",
     ]
     for env_name, t in starts.items():
+        cells = [f"{t[k] * 1e3:.0f} ({t[k + ' min'] * 1e3:.0f})" for k in ("with", "without")]
         diff = (t["with"] - t["without"]) * 1e3
-        lines.append(
-            f"| {env_name} | {t['with'] * 1e3:.0f} | {t['without'] * 1e3:.0f} | {diff:+.0f} "
-            f"| {t['bare python'] * 1e3:.0f} |"
-        )
+        diff_min = (t["with min"] - t["without min"]) * 1e3
+        bare = f"{t['bare python'] * 1e3:.0f} ({t['bare python min'] * 1e3:.0f})"
+        lines.append(f"| {env_name} | {cells[0]} | {cells[1]} | {diff:+.0f} ({diff_min:+.0f}) | {bare} |")
     return "\n".join(lines) + "\n"
 
 
@@ -189,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    rounds = 2 if args.quick else 15
+    rounds = 2 if args.quick else 25
     starts = {
         "development (no vLLM)": startup(Path(sys.executable).parent, rounds),
         "engine (vLLM installed, unused)": startup(ENGINE_PYTHON.parent, rounds),

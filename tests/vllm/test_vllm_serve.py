@@ -9,15 +9,14 @@ Three servers of the tiny model (engine core in a spawned process, as always und
 - ``zero_code``: ``opentelemetry-instrument vllm serve`` with vLLM's own ``--otlp-traces-endpoint`` set
   too: where each side's spans go, and every histogram.
 - ``unplugged``: the engine core without the otel_llm plugin (``VLLM_PLUGINS=''``) and vLLM's stats
-  logging off: otel_llm's warning saying what to set must be visible in the server's output.
+  logging off: otel_llm's warning saying what to set must be visible in the server's output. It also
+  runs the configure route next to vLLM's own ``--otlp-traces-endpoint``.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -424,24 +423,67 @@ LAUNCHER = (
 )
 
 
-def test_unplugged_engine_core_warns_what_to_set(tmp_path: Path) -> None:
-    """The frontend is instrumented by a launcher script; the spawned engine core loads no plugin and
-    vLLM's stats logging is off, so no request event arrives. Under `vllm serve` the root logger is at
-    ERROR; otel_llm's WARNING must still reach the output and name the variable to set."""
-    receiver = GrpcReceiver()
-    receiver.start()
+@pytest.fixture(scope="module")
+def unplugged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A launcher script instruments the frontend; the spawned engine core loads no plugin
+    (``VLLM_PLUGINS=''``) and vLLM's stats logging is off, so no request event arrives. The same server
+    has ``OTEL_LLM_VLLM_CONFIGURE=1`` and vLLM's own ``--otlp-traces-endpoint`` (a second receiver)."""
+    tmp = tmp_path_factory.mktemp("vllm-unplugged")
+    ours, theirs = GrpcReceiver(), GrpcReceiver()
+    ours.start()
+    theirs.start()
     port = free_port()
-    env = engine_env(tmp_path, VLLM_PLUGINS="")
-    command = [str(ENGINE_BIN / "python"), "-c", LAUNCHER, *serve_args(port, "--disable-log-stats")]
-    server = start_server(command, env, tmp_path / "serve.log", receiver.collected, port)
+    env = engine_env(
+        tmp,
+        VLLM_PLUGINS="",
+        OTEL_LLM_VLLM_CONFIGURE="1",
+        OTEL_EXPORTER_OTLP_ENDPOINT=ours.endpoint,
+        OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
+        **OTLP_FAST,
+    )
+    command = [
+        str(ENGINE_BIN / "python"),
+        "-c",
+        LAUNCHER,
+        *serve_args(port, "--disable-log-stats", "--otlp-traces-endpoint", theirs.endpoint),
+    ]
+    server = start_server(command, env, tmp / "serve.log", ours.collected, port)
+    server.extra["theirs"] = theirs.collected
     try:
-        client(server).completions.create(model=MODEL_NAME, prompt="Hello", max_tokens=4)
-        deadline = time.monotonic() + WAIT_S
-        while "VLLM_PLUGINS" not in server.output() and time.monotonic() < deadline:
-            time.sleep(0.2)
+        once = client(server).completions.create(model=MODEL_NAME, prompt="Hello", max_tokens=4)
+        server.extra["id"] = once.id
+
+        def arrived(collected: Any) -> bool:
+            return any(s["name"] == sc.SPAN_REQUEST for s in span_dicts(collected)) and bool(
+                latest_points(ours.collected).get(sc.METRIC_REQUESTS)
+            )
+
+        assert theirs.collected.wait_until(arrived, timeout_s=WAIT_S), server.output()[-4000:]
+        yield server
     finally:
         server.stop()
-        receiver.stop()
-    lines = [line for line in server.output().splitlines() if "otel_llm" in line and "VLLM_PLUGINS" in line]
-    assert lines, server.output()[-4000:]
+        ours.stop()
+        theirs.stop()
+
+
+def test_unplugged_engine_core_warns_what_to_set(unplugged: Server) -> None:
+    """Under `vllm serve` the root logger and its handlers are at ERROR; otel_llm's WARNING must still
+    reach the output and name the variable to set."""
+    lines = [
+        line for line in unplugged.output().splitlines() if "otel_llm" in line and "VLLM_PLUGINS" in line
+    ]
+    assert lines, unplugged.output()[-4000:]
     assert "WARNING" in lines[0]
+
+
+def test_vllms_traces_endpoint_takes_our_traces_too_under_the_configure_route(unplugged: Server) -> None:
+    """vLLM sets the global TracerProvider and OTEL_EXPORTER_OTLP_TRACES_ENDPOINT at start-up; otel_llm's
+    providers, built at the first request, send traces there too, metrics to OTEL_EXPORTER_OTLP_ENDPOINT."""
+    theirs = span_dicts(unplugged.extra["theirs"])
+    ours_at_theirs = [s for s in theirs if s["name"] == sc.SPAN_REQUEST]
+    assert [s["attributes"][sc.LLM_REQUEST_ID] for s in ours_at_theirs] == [unplugged.extra["id"]]
+    assert [s["attributes"]["gen_ai.request.id"] for s in theirs if s["name"] == "llm_request"] == [
+        f"{unplugged.extra['id']}-0"
+    ]
+    assert not [s for s in span_dicts(unplugged.collected) if s["name"] == sc.SPAN_REQUEST]
+    assert total(latest_points(unplugged.collected)[sc.METRIC_REQUESTS], "value") == 1
