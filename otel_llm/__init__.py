@@ -16,14 +16,23 @@ The hook an engine calls (timestamps are ``time.monotonic()`` seconds; omitted m
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from otel_llm._version import __version__
-from otel_llm.tracker import RequestTracker
+
+if TYPE_CHECKING:
+    from otel_llm.setup import configure
+    from otel_llm.tracker import RequestTracker
 
 __all__ = ["RequestTracker", "__version__", "configure"]
 
 
-def __getattr__(name: str):  # configure pulls in the OTLP exporters: import it on first use only
-    if name == "configure":
+def __getattr__(name: str):  # imported on first use: `import otel_llm.integrations...` stays cheap
+    if name == "RequestTracker":
+        from otel_llm.tracker import RequestTracker
+
+        return RequestTracker
+    if name == "configure":  # pulls in the OTLP exporters
         from otel_llm.setup import configure
 
         return configure

@@ -24,6 +24,7 @@ SPAN_ENGINE_STEP = "llm.engine.step"
 SPAN_INSTANCE_PREFILL = "llm.instance.prefill"
 SPAN_INSTANCE_DECODE = "llm.instance.decode"
 SPAN_KV_TRANSFER = "llm.kv_transfer"
+SPAN_CHOICES = "llm.choices"  # parent of the llm.request spans of one request with n > 1 choices
 
 # --- span events on llm.request ----------------------------------------------------------------------
 EVENT_QUEUED = "llm.queued"
@@ -46,6 +47,9 @@ GEN_AI_TOKEN_TYPE = "gen_ai.token.type"
 ERROR_TYPE = "error.type"
 
 LLM_REQUEST_ID = "llm.request.id"
+VLLM_REQUEST_ID = "vllm.request.id"  # vLLM's internal (engine) id; llm.request.id is the client's
+LLM_CHOICE_INDEX = "llm.choice.index"
+GEN_AI_REQUEST_CHOICE_COUNT = "gen_ai.request.choice.count"
 LLM_PREEMPTIONS = "llm.preemptions"
 # Preemptions past the per-request span cap (otel_llm.spans.MAX_PREEMPTION_SPANS): how many, and their
 # time evicted / recomputing in seconds, on llm.request.

@@ -8,17 +8,20 @@ by test_vllm_integration.py.
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import logging
 import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from otel_llm.integrations.vllm import VLLMInstrumentor
+from otel_llm.integrations.vllm import VLLMInstrumentor, import_hook
 from otel_llm.integrations.vllm import instrumentor as instrumentor_module
+from otel_llm.integrations.vllm.identity import identify
 
 LOGGER = instrumentor_module.__name__
 
@@ -188,3 +191,75 @@ class _Output:
         self.events = events
         self.finish_reason = None
         self.error = None
+
+
+def test_instrument_waits_for_vllm_to_be_imported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Installed but not imported (every process opentelemetry-instrument starts): nothing of vLLM is
+    imported until the application imports it; then the classes are patched at once."""
+    stand_in_vllm(tmp_path, monkeypatch, ENGINE_INIT, OUTPUT_PROCESSOR)
+    VLLMInstrumentor().instrument()
+    assert "vllm" not in sys.modules
+    assert not VLLMInstrumentor().is_instrumented
+    import vllm  # noqa: F401  (the application's import)
+
+    assert VLLMInstrumentor().is_instrumented
+    from vllm.v1.engine.output_processor import OutputProcessor
+
+    assert OutputProcessor.process_outputs.__wrapped__  # type: ignore[attr-defined]
+
+
+def test_uninstrument_before_vllm_is_imported_removes_the_hook(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stand_in_vllm(tmp_path, monkeypatch, ENGINE_INIT, OUTPUT_PROCESSOR)
+    VLLMInstrumentor().instrument()
+    VLLMInstrumentor().uninstrument()
+    import vllm  # noqa: F401
+
+    assert not VLLMInstrumentor().is_instrumented
+    assert not any(type(f).__module__ == import_hook.__name__ for f in sys.meta_path)
+
+
+def test_instrumentation_dependencies_match_the_instruments_extra() -> None:
+    """opentelemetry-instrument decides from the distribution's `instruments` extra, before importing."""
+    requires = importlib.metadata.distribution("otel-llm").requires or []
+    declared = [r.split(";")[0].replace(" ", "") for r in requires if 'extra == "instruments"' in r]
+    assert declared == [d.replace(" ", "") for d in VLLMInstrumentor().instrumentation_dependencies()]
+
+
+def test_warnings_show_when_the_root_logger_hides_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """As under `vllm serve`: root logger and its handlers at ERROR. otel_llm's warnings still show."""
+    root = logging.getLogger()
+    package = logging.getLogger("otel_llm")
+    monkeypatch.setattr(root, "level", logging.ERROR)
+    monkeypatch.setattr(root, "handlers", [logging.StreamHandler()])
+    root.handlers[0].setLevel(logging.ERROR)
+    monkeypatch.setattr(package, "level", logging.NOTSET)
+    monkeypatch.setattr(package, "handlers", [])
+    stand_in_vllm(tmp_path, monkeypatch, ENGINE_INIT, OUTPUT_PROCESSOR)
+    from vllm.v1.engine.output_processor import OutputProcessor
+
+    VLLMInstrumentor().instrument(tracker=_RaisingTracker())
+    processor = OutputProcessor()
+    processor.add_request(_Request("r1"))
+    processor.process_outputs([_Output("r1", [7], [])], 2.0, None)  # no events: the engine core is bare
+    err = capfd.readouterr().err
+    assert "WARNING" in err and "VLLM_PLUGINS" in err
+
+
+def test_client_ids_and_operations_from_vllms_request_names() -> None:
+    def named(internal: str, external: str | None) -> Any:
+        return type("R", (), {"request_id": internal, "external_req_id": external})()
+
+    completion = identify(named("cmpl-5f2a-0-8281c457", "cmpl-5f2a-0"))
+    assert (completion.client_id, completion.operation) == ("cmpl-5f2a", "text_completion")
+    assert completion.internal_id == "cmpl-5f2a-0-8281c457"
+    second_prompt = identify(named("cmpl-my-id-1-1234abcd", "cmpl-my-id-1"))
+    assert second_prompt.client_id == "cmpl-my-id"
+    chat = identify(named("1_chatcmpl-77-aa", "chatcmpl-77"), choice=1)
+    assert (chat.client_id, chat.operation, chat.choice) == ("chatcmpl-77", "chat", 1)
+    offline = identify(named("3-abcdef12", "3"))
+    assert (offline.client_id, offline.operation) == ("3", "text_completion")
+    assert identify(named("x", None)).client_id == "x"

@@ -4,18 +4,21 @@ Switch it on in the process that runs vLLM's frontend (and, for request events, 
 
     from otel_llm.integrations.vllm import VLLMInstrumentor
 
-    VLLMInstrumentor().instrument(model="my-model")   # before the engine is built
+    VLLMInstrumentor().instrument()   # before the engine is built; model name from vLLM's config
 
 Installed with otel_llm, vLLM also loads it as a general plugin (entry point group
 ``vllm.general_plugins``) in every vLLM process, and ``opentelemetry-instrument`` loads it through the
 ``opentelemetry_instrumentor`` entry point. Spans and metrics go to the global OpenTelemetry providers
-unless ``tracer_provider=`` / ``meter_provider=`` or a ready ``tracker=`` are given.
+unless ``tracer_provider=`` / ``meter_provider=`` or a ready ``tracker=`` are given; with
+``OTEL_LLM_VLLM_CONFIGURE=1`` the plugin builds otel_llm's own providers from the ``OTEL_*`` variables
+(``otel_llm.configure()``) in the process that serves requests, so ``vllm serve`` exports traces and
+metrics with no code and no wrapper command.
 
 How it works: vLLM's engine core timestamps each request's QUEUED / SCHEDULED / PREEMPTED events and
 every batch of new tokens (``time.monotonic()`` seconds); the frontend's ``OutputProcessor`` receives them.
 The instrumentor wraps that processor and replays the events into a RequestTracker (see ``adapter``), so
 queue, prefill, decode and inference times equal vLLM's own ``FinishedRequestStats``. The module imports
-no vLLM code until ``instrument()`` runs.
+no vLLM code until vLLM itself is imported.
 """
 
 from __future__ import annotations
@@ -27,5 +30,6 @@ __all__ = ["VLLMAdapter", "VLLMInstrumentor", "finish_reason_name", "register", 
 
 
 def register() -> None:
-    """vLLM general-plugin entry point: instrument with the global OpenTelemetry providers."""
+    """vLLM general-plugin entry point, called in every vLLM process: instrument with the global
+    OpenTelemetry providers, or with otel_llm's own when ``OTEL_LLM_VLLM_CONFIGURE=1``."""
     VLLMInstrumentor().instrument()

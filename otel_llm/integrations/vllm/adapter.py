@@ -16,10 +16,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Container, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from typing import Any
 
+from opentelemetry import context as otel_context
+
 from otel_llm import semconv as sc
+from otel_llm.integrations.vllm.choices import Choices
+from otel_llm.integrations.vllm.identity import RequestIdentity, identify
+from otel_llm.tracker import DEFAULT_MAX_AGE_S, DEFAULT_MAX_IN_FLIGHT
 
 _log = logging.getLogger(__name__)
 
@@ -59,52 +64,102 @@ def prompt_length(request: Any) -> int | None:
 class _Pending:
     """A request registered with the frontend whose QUEUED event has not arrived yet."""
 
-    __slots__ = ("added", "arrival", "carrier", "prompt_tokens")
+    __slots__ = ("added", "arrival", "carrier", "choices", "identity", "prompt_tokens", "tracker")
 
-    def __init__(self, arrival: float | None, prompt_tokens: int | None, carrier: Mapping[str, str] | None):
+    def __init__(
+        self,
+        arrival: float | None,
+        prompt_tokens: int | None,
+        carrier: Mapping[str, str] | None,
+        identity: RequestIdentity,
+        tracker: Any,
+        choices: Choices | None,
+    ) -> None:
         self.added = time.monotonic()  # when the frontend registered it (monotonic seconds)
         self.arrival = arrival  # monotonic seconds, or None when vLLM gave no arrival time
         self.prompt_tokens = prompt_tokens
         self.carrier = carrier
+        self.identity = identity
+        self.tracker = tracker
+        self.choices = choices
+
+
+TrackerFor = Callable[[str | None, str], Any]
+"""``tracker_for(model, operation)``: the RequestTracker for requests of that model and endpoint."""
+
+PendingEvents = Callable[[str], Iterable[Any] | None]
+"""``pending_events(request_id)``: engine-core events of a request not delivered yet, or None."""
 
 
 class VLLMAdapter:
-    """Feeds the requests and outputs of one vLLM ``OutputProcessor`` into a RequestTracker.
+    """Feeds the requests and outputs of one vLLM ``OutputProcessor`` into RequestTrackers.
 
-    The tracker's request ids are vLLM's internal request ids (unique per sequence, also with ``n > 1``).
-    Call order per engine step: ``outputs`` before vLLM processes the batch (it may trim tokens after a
-    stop string), ``settle`` after (requests vLLM dropped from its open set have finished).
+    The trackers' request ids are vLLM's internal request ids (unique per sequence, also with ``n > 1``);
+    the id the client saw goes on the span as ``llm.request.id`` (see ``identity``), the internal one as
+    ``vllm.request.id``. ``model`` is the served model name (set from vLLM's model config when the
+    engine is built). Call order per engine step: ``outputs`` before vLLM processes the batch (it may trim
+    tokens after a stop string), ``settle`` after (requests vLLM dropped from its open set have finished).
     """
 
-    def __init__(self, tracker: Any) -> None:
-        self._tracker = tracker
+    def __init__(self, tracker_for: TrackerFor, model: str | None = None) -> None:
+        self._tracker_for = tracker_for
+        self.model = model
         self._pending: dict[str, _Pending] = {}  # insertion order: oldest first
-        self._live: set[str] = set()  # queued with the tracker, not finished
+        self._live: dict[str, Any] = {}  # queued with a tracker, not finished: request id -> tracker
+        self._choices: dict[str, Choices] = {}  # by vLLM's parent request id, while choices run
+        self._choice_of: dict[str, Choices] = {}  # child request id -> its parent's Choices
         self._warned_no_events = False
-        # The tracker closes requests that never finish (max_age_s, max_in_flight); these maps follow
-        # it, so they stay bounded by the same limits.
-        self._max_age_s = float(getattr(tracker, "max_age_s", 1800.0))
-        self._max_pending = int(getattr(tracker, "max_in_flight", 65_536))
+        # The trackers close requests that never finish (max_age_s, max_in_flight); these maps follow
+        # them, so they stay bounded by the same limits.
+        self._trackers: dict[int, Any] = {}  # every tracker requests went to (one per model and endpoint)
+        self._max_age_s = DEFAULT_MAX_AGE_S
+        self._max_pending = DEFAULT_MAX_IN_FLIGHT
         self._added = 0
 
-    def request_added(self, request: Any) -> None:
-        """Remember a new ``EngineCoreRequest``; the tracker hears of it when its QUEUED event arrives."""
+    def request_added(
+        self,
+        request: Any,
+        parent: Any = None,
+        index: int = 0,
+        caller_headers: Mapping[str, str] | None = None,
+    ) -> None:
+        """Remember a new ``EngineCoreRequest``; the tracker hears of it when its QUEUED event arrives.
+
+        ``parent``: vLLM's ``ParentRequest`` when the request is one of ``n > 1`` choices (``index``).
+        ``caller_headers``: the caller's W3C headers when vLLM left them off the request.
+        """
         request_id = request.request_id
         if request_id in self._pending or request_id in self._live:
             return  # a streaming-input update of a request we already follow
         arrival_wall = getattr(request, "arrival_time", None)
         arrival = wall_to_monotonic(arrival_wall) if arrival_wall else None
-        headers = getattr(request, "trace_headers", None)
+        headers = getattr(request, "trace_headers", None) or caller_headers
         carrier = dict(headers) if headers else None
-        self._pending[request_id] = _Pending(arrival, prompt_length(request), carrier)
+        count = _choice_count(parent)
+        identity = identify(request, index if count > 1 else None)
+        tracker = self._tracker_for(self.model, identity.operation)
+        choices = None
+        if count > 1:
+            choices = self._choices_of(parent, identity, tracker, arrival, count, carrier)
+            self._choice_of[request_id] = choices
+            carrier = None  # the choice's parent is the llm.choices span
+            arrival = choices.arrival  # one conversion to monotonic for all: children start with it
+        self._pending[request_id] = _Pending(
+            arrival, prompt_length(request), carrier, identity, tracker, choices
+        )
+        if id(tracker) not in self._trackers:
+            self._trackers[id(tracker)] = tracker
+            self._max_age_s = min(self._max_age_s, float(getattr(tracker, "max_age_s", DEFAULT_MAX_AGE_S)))
+            self._max_pending = min(
+                self._max_pending, int(getattr(tracker, "max_in_flight", DEFAULT_MAX_IN_FLIGHT))
+            )
         self._prune()
 
     def outputs(self, outputs: Iterable[Any], batch_ts: float | None) -> None:
         """Replay one batch of ``EngineCoreOutput``s: each request's events, then the batch's tokens."""
         if batch_ts is None:
             batch_ts = time.monotonic()
-        token_ids: list[str] = []
-        counts: list[int] = []
+        batches: dict[Any, tuple[list[str], list[int]]] = {}  # tracker -> (request ids, token counts)
         for out in outputs:
             request_id = out.request_id
             if request_id not in self._live and request_id not in self._pending:
@@ -117,13 +172,17 @@ class VLLMAdapter:
                 # schedule at this batch; the prefill/queue split and preemptions are unknown then.
                 self._note_no_events()
                 self._open(request_id, None)
-                self._tracker.scheduled([request_id], ts=batch_ts)
+                self._live[request_id].scheduled([request_id], ts=batch_ts)
             produced = len(out.new_token_ids)
             if produced:
-                token_ids.append(request_id)
-                counts.append(produced)
-        if token_ids:
-            self._tracker.tokens(token_ids, ts=batch_ts, counts=counts)
+                tracker = self._live[request_id]
+                batch = batches.get(tracker)
+                if batch is None:
+                    batch = batches[tracker] = ([], [])
+                batch[0].append(request_id)
+                batch[1].append(produced)
+        for tracker, (request_ids, counts) in batches.items():
+            tracker.tokens(request_ids, ts=batch_ts, counts=counts)
 
     def settle(self, outputs: Iterable[Any], still_open: Container[str]) -> None:
         """After vLLM processed a batch: finish the requests of ``outputs`` that left ``still_open``.
@@ -144,38 +203,79 @@ class VLLMAdapter:
             else:
                 reason = sc.REASON_STOP
             message = getattr(error, "message", None) if error is not None else None
-            self._live.discard(request_id)
-            self._tracker.finished(request_id, reason=reason, ts=now, error=message)
+            self._finish(request_id, reason, now, message)
 
-    def abandoned(self, still_open: Container[str]) -> None:
-        """After an abort: every request we follow that left ``still_open`` finished with ``abort``."""
+    def abandoned(self, still_open: Container[str], pending_events: PendingEvents | None = None) -> None:
+        """After an abort: every request we follow that left ``still_open`` finished with ``abort``.
+
+        ``pending_events`` gives the events the engine core recorded but has not sent yet (only possible
+        when the engine core runs in this process): replayed first, so the trace shows the scheduling,
+        prefill and preemptions that happened before the abort.
+        """
         now = time.monotonic()
-        for request_id in [rid for rid in self._pending if rid not in still_open]:
-            self._open(request_id, None)  # aborted before the engine reported anything: all queue time
-        for request_id in [rid for rid in self._live if rid not in still_open]:
-            self._live.discard(request_id)
-            self._tracker.finished(request_id, reason=sc.REASON_ABORT, ts=now)
+        gone = [rid for rid in (*self._pending, *self._live) if rid not in still_open]
+        for request_id in gone:
+            events = pending_events(request_id) if pending_events is not None else None
+            if events:
+                self._replay(request_id, events)
+            if request_id in self._pending:
+                self._open(request_id, None)  # aborted before the engine reported anything: all queue time
+            self._finish(request_id, sc.REASON_ABORT, now, None)
 
     # --- internals -----------------------------------------------------------------------------------
 
     def _prune(self) -> None:
-        """Forget what the tracker no longer follows: requests it evicted, and registrations whose QUEUED
-        never came within the tracker's maximum age (or beyond its maximum in flight)."""
-        horizon = time.monotonic() - self._max_age_s
+        """Forget what the trackers no longer follow: requests they evicted, and registrations whose
+        QUEUED never came within the trackers' maximum age (or beyond their maximum in flight)."""
+        now = time.monotonic()
+        horizon = now - self._max_age_s
         pending = self._pending
         while pending:
             oldest = next(iter(pending))
             if pending[oldest].added >= horizon and len(pending) <= self._max_pending:
                 break
             del pending[oldest]
-        tracker = self._tracker
+            self._child_gone(oldest, now)
         self._added += 1
-        in_flight = getattr(tracker, "in_flight", None)
-        # More live here than the tracker holds: it evicted some. A tracker shared with other sources
-        # may hold more than this adapter follows, so look through the whole set now and then as well.
-        evicted = isinstance(in_flight, int) and len(self._live) > in_flight
-        if evicted or self._added % 4096 == 0:
-            self._live = {rid for rid in self._live if rid in tracker}
+        in_flight = sum(getattr(t, "in_flight", 0) for t in self._trackers.values())
+        # More live here than the trackers hold: they evicted some. A tracker shared with other sources
+        # may hold more than this adapter follows, so look through the whole map now and then as well.
+        if len(self._live) > in_flight or self._added % 4096 == 0:
+            gone = [rid for rid, tracker in self._live.items() if rid not in tracker]
+            for rid in gone:
+                del self._live[rid]
+                self._child_gone(rid, now)
+
+    def _child_gone(self, request_id: str, ts: float) -> None:
+        """A choice of an ``n > 1`` request ended without a finish we saw: its parent span may close."""
+        choices = self._choice_of.pop(request_id, None)
+        if choices is not None and choices.child_finished(ts):
+            for parent_id in [k for k, v in self._choices.items() if v is choices]:
+                del self._choices[parent_id]
+
+    def _choices_of(
+        self,
+        parent: Any,
+        identity: RequestIdentity,
+        tracker: Any,
+        arrival: float | None,
+        count: int,
+        carrier: Mapping[str, str] | None,
+    ) -> Choices:
+        parent_id = str(getattr(parent, "request_id", identity.client_id))
+        choices = self._choices.get(parent_id)
+        if choices is None:
+            attributes: dict[str, Any] = {
+                sc.LLM_REQUEST_ID: identity.client_id,
+                sc.VLLM_REQUEST_ID: parent_id,
+                sc.GEN_AI_OPERATION_NAME: identity.operation,
+                sc.GEN_AI_REQUEST_CHOICE_COUNT: count,
+            }
+            if self.model is not None:
+                attributes[sc.GEN_AI_REQUEST_MODEL] = self.model
+            start = arrival if arrival is not None else time.monotonic()
+            choices = self._choices[parent_id] = Choices(tracker, start, count, attributes, carrier)
+        return choices
 
     def _replay(self, request_id: str, events: Iterable[Any]) -> None:
         # Sorted by timestamp (stable for ties): one output may hold QUEUED, SCHEDULED, PREEMPTED and
@@ -191,9 +291,9 @@ class VLLMAdapter:
             if request_id in self._pending:
                 self._open(request_id, ts)  # QUEUED lost: the first event we see stands in for it
             if kind == "SCHEDULED":
-                self._tracker.scheduled([request_id], ts=ts)
+                self._live[request_id].scheduled([request_id], ts=ts)
             elif kind == "PREEMPTED":
-                self._tracker.preempted([request_id], ts=ts)
+                self._live[request_id].preempted([request_id], ts=ts)
 
     def _open(self, request_id: str, queued_ts: float | None) -> None:
         pending = self._pending.pop(request_id)
@@ -201,23 +301,48 @@ class VLLMAdapter:
         arrival = pending.arrival
         if arrival is not None and ts is not None and arrival > ts:
             arrival = ts  # wall-to-monotonic conversion jitter must not put arrival after queued
-        self._tracker.queued(
-            request_id,
-            ts=ts,
-            arrival_ts=arrival,
-            prompt_tokens=pending.prompt_tokens,
-            carrier=pending.carrier,
-        )
-        self._live.add(request_id)
+        identity = pending.identity
+        attributes: dict[str, Any] = {sc.LLM_REQUEST_ID: identity.client_id, sc.VLLM_REQUEST_ID: request_id}
+        if identity.choice is not None:
+            attributes[sc.LLM_CHOICE_INDEX] = identity.choice
+        token = otel_context.attach(pending.choices.context) if pending.choices is not None else None
+        try:
+            pending.tracker.queued(
+                request_id,
+                ts=ts,
+                arrival_ts=arrival,
+                prompt_tokens=pending.prompt_tokens,
+                carrier=pending.carrier,
+                attributes=attributes,
+            )
+        finally:
+            if token is not None:
+                otel_context.detach(token)
+        self._live[request_id] = pending.tracker
+
+    def _finish(self, request_id: str, reason: str, ts: float, error: str | None) -> None:
+        tracker = self._live.pop(request_id)
+        tracker.finished(request_id, reason=reason, ts=ts, error=error)
+        self._child_gone(request_id, ts)
 
     def _note_no_events(self) -> None:
         if not self._warned_no_events:
             self._warned_no_events = True
-            _log.info(
-                "otel_llm: vLLM outputs carry no request events (engine stats logging is off); "
-                "queue time and preemptions are not visible. Instrument the engine-core process too "
-                "(the vllm.general_plugins entry point does) or leave stats logging on."
+            _log.warning(
+                "otel_llm: vLLM's outputs carry no request events, so queue time, prefill and preemptions "
+                "are not visible (prefill shows as 0, queue time as the whole wait). The engine-core "
+                "process did not load the otel_llm plugin that turns them on: unset VLLM_PLUGINS or add "
+                "otel_llm to it (VLLM_PLUGINS=otel_llm,...), or run vLLM with stats logging on."
             )
+
+
+def _choice_count(parent: Any) -> int:
+    """``n`` of a vLLM ``ParentRequest`` (1 when there is no parent)."""
+    if parent is None:
+        return 1
+    params = getattr(parent, "sampling_params", None)
+    n = getattr(params, "n", 1)
+    return n if isinstance(n, int) and n > 1 else 1
 
 
 def _timestamp(event: Any) -> float:

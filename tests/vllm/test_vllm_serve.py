@@ -1,0 +1,468 @@
+"""`vllm serve` as its users run it, driven with the official openai client, telemetry over real OTLP.
+
+Three servers of the tiny model (engine core in a spawned process, as always under ``vllm serve``):
+
+- ``served``: the route without the OpenTelemetry distro: ``OTEL_LLM_VLLM_CONFIGURE=1`` plus OTEL_*
+  variables; the otel_llm plugin configures otel_llm in the process that serves requests (gRPC here).
+  A workload with preemptions, streaming, chat and completions, ``n=2``, stop strings, a client that
+  disconnects and a caller ``traceparent``; compared with the server's own ``/metrics``.
+- ``zero_code``: ``opentelemetry-instrument vllm serve`` with vLLM's own ``--otlp-traces-endpoint`` set
+  too: where each side's spans go, and every histogram.
+- ``unplugged``: the engine core without the otel_llm plugin (``VLLM_PLUGINS=''``) and vLLM's stats
+  logging off: otel_llm's warning saying what to set must be visible in the server's output.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from engine_tier import (
+    ENGINE_BIN,
+    MODEL_NAME,
+    Server,
+    engine_env,
+    free_port,
+    latest_points,
+    needs_engine,
+    serve_args,
+    span_dicts,
+    start_server,
+    total,
+)
+from otlp_receivers import CALLER_SPAN_ID, CALLER_TRACE_ID, CALLER_TRACEPARENT, GrpcReceiver
+
+from otel_llm import semconv as sc
+
+pytestmark = needs_engine
+openai = pytest.importorskip("openai")
+prometheus_parser = pytest.importorskip("prometheus_client.parser")
+
+KIND_INTERNAL, KIND_SERVER = 1, 2  # OTLP Span.SpanKind
+STREAMS = 12  # concurrent streams: with 20 KV blocks of 32 tokens vLLM preempts
+STREAM_TOKENS = 200  # 7 KV blocks each with the prompt: any 3 streams at once must preempt
+WAIT_S = 60.0
+HISTOGRAMS = (
+    sc.METRIC_TTFT,
+    sc.METRIC_TPOT,
+    sc.METRIC_REQUEST_DURATION,
+    sc.METRIC_QUEUE,
+    sc.METRIC_PREFILL,
+    sc.METRIC_DECODE,
+    sc.METRIC_INFERENCE,
+    sc.METRIC_ITL,
+    sc.METRIC_PREEMPTED,
+    sc.METRIC_RECOMPUTE,
+)
+OTLP_FAST = {"OTEL_METRIC_EXPORT_INTERVAL": "500", "OTEL_BSP_SCHEDULE_DELAY": "100"}
+
+
+def client(server: Server) -> Any:
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def concurrent_streams(server: Server, count: int = STREAMS, leaver: bool = False) -> list[dict[str, Any]]:
+    """``count`` streaming completions released at once; each returns its id, finish reason and usage.
+
+    ``leaver``: one more stream, of 480 tokens, whose client goes away after 3 chunks while the others
+    keep the engine busy (alone, the tiny model would finish it before the server notices); its id is
+    the last entry.
+    """
+    results: list[dict[str, Any]] = [{} for _ in range(count + leaver)]
+    errors: list[BaseException] = []
+    start = threading.Barrier(count + leaver)
+
+    def one(k: int) -> None:
+        try:
+            api = client(server)
+            start.wait(timeout=60)
+            stream = api.completions.create(
+                model=MODEL_NAME,
+                prompt=f"Stream {k}: the quick brown fox jumps over the lazy dog",
+                max_tokens=STREAM_TOKENS,
+                stream=True,
+                stream_options={"include_usage": True},
+                extra_body={"ignore_eos": True},
+            )
+            for chunk in stream:
+                results[k]["id"] = chunk.id
+                if chunk.choices and chunk.choices[0].finish_reason:
+                    results[k]["finish_reason"] = chunk.choices[0].finish_reason
+                if chunk.usage is not None:
+                    results[k]["usage"] = chunk.usage
+        except BaseException as exc:  # reported below, on the test's thread
+            errors.append(exc)
+
+    def leave() -> None:
+        try:
+            # Its own client, closed with the stream, so the connection goes too.
+            api = client(server)
+            start.wait(timeout=60)
+            stream = api.completions.create(
+                model=MODEL_NAME,
+                prompt="A long story:",
+                max_tokens=480,
+                stream=True,
+                extra_body={"ignore_eos": True},
+            )
+            for chunks, chunk in enumerate(stream, start=1):
+                results[count]["id"] = chunk.id
+                if chunks == 3:
+                    break
+            stream.close()
+            api.close()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(k,)) for k in range(count)]
+    if leaver:
+        threads.append(threading.Thread(target=leave))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    assert not errors, errors
+    return results
+
+
+def wait_for_requests(server: Server, count: int) -> None:
+    """Until ``count`` llm.request spans and a metrics export counting ``count`` finished requests."""
+
+    def arrived(collected: Any) -> bool:
+        roots = [s for s in span_dicts(collected) if s["name"] == sc.SPAN_REQUEST]
+        points = latest_points(collected).get(sc.METRIC_REQUESTS, [])
+        return len(roots) >= count and total(points, "value") >= count
+
+    assert server.collected.wait_until(arrived, timeout_s=WAIT_S), server.output()[-4000:]
+
+
+def roots_by_client_id(spans: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for s in spans:
+        if s["name"] == sc.SPAN_REQUEST:
+            out.setdefault(s["attributes"][sc.LLM_REQUEST_ID], []).append(s)
+    return out
+
+
+def summed(points: list[dict[str, Any]]) -> dict[str, float]:
+    """A histogram's count and sum over all its attribute sets (here: chat and text_completion)."""
+    return {"count": total(points, "count"), "sum": total(points, "sum")}
+
+
+def prometheus(server: Server) -> dict[str, float]:
+    """The server's /metrics as name -> value, summed over label sets (``_sum`` / ``_count`` kept)."""
+    values: dict[str, float] = {}
+    for family in prometheus_parser.text_string_to_metric_families(server.prometheus()):
+        for sample in family.samples:
+            values[sample.name] = values.get(sample.name, 0.0) + sample.value
+    return values
+
+
+# --- the route without the distro: OTEL_LLM_VLLM_CONFIGURE=1 -----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    tmp = tmp_path_factory.mktemp("vllm-serve")
+    receiver = GrpcReceiver()
+    receiver.start()
+    port = free_port()
+    env = engine_env(
+        tmp,
+        OTEL_LLM_VLLM_CONFIGURE="1",
+        OTEL_SERVICE_NAME="vllm-serve-test",
+        OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
+        OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
+        **OTLP_FAST,
+    )
+    server = start_server(
+        [str(ENGINE_BIN / "vllm"), *serve_args(port)], env, tmp / "serve.log", receiver.collected, port
+    )
+    try:
+        server.extra.update(drive(server))
+        wait_for_requests(server, server.extra["requests"])
+        server.extra["prometheus"] = prometheus(server)
+        yield server
+    finally:
+        server.stop()
+        receiver.stop()
+
+
+def drive(server: Server) -> dict[str, Any]:
+    """The workload, as a client would run it; returns what the client saw."""
+    *streams, leaver = concurrent_streams(server, leaver=True)
+    seen: dict[str, Any] = {"streams": streams, "disconnect": leaver}
+    api = client(server)
+    chat_id, chat_reason = None, None
+    for chunk in api.chat.completions.create(
+        model=MODEL_NAME,
+        messages=[{"role": "user", "content": "Say something."}],
+        max_tokens=24,
+        stream=True,
+        extra_headers={"traceparent": CALLER_TRACEPARENT},
+    ):
+        chat_id = chunk.id
+        if chunk.choices and chunk.choices[0].finish_reason:
+            chat_reason = chunk.choices[0].finish_reason
+    seen["chat"] = {"id": chat_id, "finish_reason": chat_reason}
+    two = api.completions.create(
+        model=MODEL_NAME,
+        prompt="Two answers, please:",
+        max_tokens=16,
+        n=2,
+        extra_headers={"traceparent": CALLER_TRACEPARENT.replace(CALLER_SPAN_ID, "b7ad6b7169203331")},
+    )
+    seen["n2"] = {"id": two.id, "finish_reasons": sorted(c.finish_reason for c in two.choices)}
+    stopped = api.completions.create(
+        model=MODEL_NAME, prompt="Stop soon:", max_tokens=64, stop=["e", "a", "o", " "]
+    )
+    seen["stop"] = {"id": stopped.id, "finish_reason": stopped.choices[0].finish_reason}
+    chat_once = api.chat.completions.create(
+        model=MODEL_NAME, messages=[{"role": "user", "content": "Once."}], max_tokens=8
+    )
+    seen["chat_once"] = {"id": chat_once.id, "finish_reason": chat_once.choices[0].finish_reason}
+    seen["requests"] = STREAMS + 1 + 2 + 1 + 1 + 1  # sequences: n=2 is two
+    return seen
+
+
+def test_served_one_trace_per_request_with_the_client_ids(served: Server) -> None:
+    roots = roots_by_client_id(span_dicts(served.collected))
+    for stream in served.extra["streams"]:
+        (root,) = roots[stream["id"]]
+        assert stream["id"].startswith("cmpl-")
+        attributes = root["attributes"]
+        assert attributes[sc.GEN_AI_OPERATION_NAME] == "text_completion"
+        assert attributes[sc.GEN_AI_REQUEST_MODEL] == MODEL_NAME
+        assert attributes[sc.VLLM_REQUEST_ID].startswith(f"{stream['id']}-0-")  # vLLM's internal id
+        assert attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == stream["usage"].completion_tokens
+        assert attributes[sc.GEN_AI_USAGE_INPUT_TOKENS] == stream["usage"].prompt_tokens
+        assert attributes[sc.GEN_AI_RESPONSE_FINISH_REASONS] == [stream["finish_reason"]]
+        assert root["parent_id"] is None and root["kind"] == KIND_SERVER
+
+
+def test_served_chat_is_operation_chat_under_the_callers_span(served: Server) -> None:
+    seen = served.extra["chat"]
+    (root,) = roots_by_client_id(span_dicts(served.collected))[seen["id"]]
+    assert seen["id"].startswith("chatcmpl-")
+    assert root["attributes"][sc.GEN_AI_OPERATION_NAME] == "chat"
+    assert root["attributes"][sc.GEN_AI_RESPONSE_FINISH_REASONS] == [seen["finish_reason"]]
+    assert root["trace_id"] == CALLER_TRACE_ID and root["parent_id"] == CALLER_SPAN_ID
+    (once,) = roots_by_client_id(span_dicts(served.collected))[served.extra["chat_once"]["id"]]
+    assert once["attributes"][sc.GEN_AI_OPERATION_NAME] == "chat"
+
+
+def test_served_n2_is_one_trace_with_a_span_per_choice(served: Server) -> None:
+    seen = served.extra["n2"]
+    spans = span_dicts(served.collected)
+    (parent,) = [s for s in spans if s["name"] == sc.SPAN_CHOICES]
+    assert parent["attributes"][sc.LLM_REQUEST_ID] == seen["id"]
+    assert parent["attributes"][sc.GEN_AI_REQUEST_CHOICE_COUNT] == 2
+    assert parent["attributes"][sc.GEN_AI_REQUEST_MODEL] == MODEL_NAME
+    assert parent["trace_id"] == CALLER_TRACE_ID and parent["parent_id"] == "b7ad6b7169203331"
+    choices = roots_by_client_id(spans)[seen["id"]]
+    assert sorted(c["attributes"][sc.LLM_CHOICE_INDEX] for c in choices) == [0, 1]
+    assert len({c["attributes"][sc.VLLM_REQUEST_ID] for c in choices}) == 2
+    reasons = sorted(c["attributes"][sc.GEN_AI_RESPONSE_FINISH_REASONS][0] for c in choices)
+    assert reasons == seen["finish_reasons"]
+    for choice in choices:
+        assert choice["trace_id"] == CALLER_TRACE_ID
+        assert choice["parent_id"] == parent["span_id"] and choice["kind"] == KIND_INTERNAL
+        assert parent["start"] <= choice["start"] <= choice["end"] <= parent["end"]
+    assert parent["end"] == max(c["end"] for c in choices)
+
+
+def test_served_stop_strings_finish_as_the_client_saw(served: Server) -> None:
+    seen = served.extra["stop"]
+    (root,) = roots_by_client_id(span_dicts(served.collected))[seen["id"]]
+    assert root["attributes"][sc.GEN_AI_RESPONSE_FINISH_REASONS] == [seen["finish_reason"]]
+
+
+def test_served_disconnect_is_an_abort(served: Server) -> None:
+    (root,) = roots_by_client_id(span_dicts(served.collected))[served.extra["disconnect"]["id"]]
+    assert root["attributes"][sc.GEN_AI_RESPONSE_FINISH_REASONS] == [sc.REASON_ABORT]
+    assert 3 <= root["attributes"][sc.GEN_AI_USAGE_OUTPUT_TOKENS] < 480  # it ended before its length
+    assert root["status"] != 2  # an abort is not an error (OTLP STATUS_CODE_ERROR is 2)
+
+
+def test_served_counters_equal_the_servers_own_metrics(served: Server) -> None:
+    vllm = served.extra["prometheus"]
+    points = latest_points(served.collected)
+    assert vllm["vllm:num_preemptions_total"] > 0, "12 streams on 20 KV blocks were meant to preempt"
+    assert total(points[sc.METRIC_PREEMPTIONS], "value") == vllm["vllm:num_preemptions_total"]
+    finished = total(points[sc.METRIC_REQUESTS], "value")
+    aborted = total(points[sc.METRIC_REQUESTS], "value", **{sc.LLM_FINISH_REASON: sc.REASON_ABORT})
+    assert aborted == 1
+    assert finished - aborted == vllm["vllm:request_success_total"]  # vLLM counts no aborted request
+    tokens = points[sc.METRIC_TOKENS]
+    assert total(tokens, "value", **{sc.GEN_AI_TOKEN_TYPE: "output"}) == vllm["vllm:generation_tokens_total"]
+    assert total(tokens, "value", **{sc.GEN_AI_TOKEN_TYPE: "input"}) == vllm["vllm:prompt_tokens_total"]
+    by_operation = {
+        op: total(points[sc.METRIC_REQUESTS], "value", **{sc.GEN_AI_OPERATION_NAME: op})
+        for op in ("chat", "text_completion")
+    }
+    assert by_operation == {"chat": 2, "text_completion": served.extra["requests"] - 2}
+
+
+def test_served_inter_token_latency_equals_the_servers(served: Server) -> None:
+    """vLLM counts inter-token gaps per step, aborted requests included, as we do."""
+    vllm = served.extra["prometheus"]
+    point = summed(latest_points(served.collected)[sc.METRIC_ITL])
+    assert point["count"] == vllm["vllm:inter_token_latency_seconds_count"]
+    expected = vllm["vllm:inter_token_latency_seconds_sum"]
+    assert point["sum"] == pytest.approx(expected, abs=1e-6 * point["count"])
+
+
+@pytest.mark.parametrize(
+    ("ours", "theirs", "attribute"),
+    [
+        (sc.METRIC_QUEUE, "vllm:request_queue_time_seconds", sc.LLM_LATENCY_QUEUE),
+        (sc.METRIC_PREFILL, "vllm:request_prefill_time_seconds", sc.LLM_LATENCY_PREFILL),
+        (sc.METRIC_DECODE, "vllm:request_decode_time_seconds", sc.LLM_LATENCY_DECODE),
+        (sc.METRIC_INFERENCE, "vllm:request_inference_time_seconds", sc.LLM_LATENCY_INFERENCE),
+    ],
+)
+def test_served_phase_histograms_equal_the_servers(
+    served: Server, ours: str, theirs: str, attribute: str
+) -> None:
+    """vLLM records phase times for finished requests only; ours also hold the aborted request's."""
+    vllm = served.extra["prometheus"]
+    point = summed(latest_points(served.collected)[ours])
+    (aborted,) = roots_by_client_id(span_dicts(served.collected))[served.extra["disconnect"]["id"]]
+    assert point["count"] == vllm[f"{theirs}_count"] + 1
+    expected = vllm[f"{theirs}_sum"] + aborted["attributes"][attribute]
+    assert point["sum"] == pytest.approx(expected, abs=1e-6 * point["count"])
+
+
+def test_served_ttft_next_to_the_servers(served: Server) -> None:
+    """Same arrival; ours ends at the engine core's batch timestamp, vLLM's when its frontend process
+    handles that batch, after the hand-over between the two processes (printed; the README quotes it)."""
+    vllm = served.extra["prometheus"]
+    point = summed(latest_points(served.collected)[sc.METRIC_TTFT])
+    assert point["count"] == vllm["vllm:time_to_first_token_seconds_count"]
+    offset = (vllm["vllm:time_to_first_token_seconds_sum"] - point["sum"]) / point["count"]
+    print(f"vllm serve: vllm:time_to_first_token_seconds - ours = {offset * 1e3:+.3f} ms per request")
+    assert offset >= -1e-4
+
+
+def test_served_every_histogram_is_exported_with_model_and_operation(served: Server) -> None:
+    points = latest_points(served.collected)
+    missing = [name for name in HISTOGRAMS if not points.get(name)]
+    assert not missing, f"no data points for {missing}"
+    for name in HISTOGRAMS:
+        for p in points[name]:
+            assert p["attributes"][sc.GEN_AI_REQUEST_MODEL] == MODEL_NAME
+            assert p["attributes"][sc.GEN_AI_OPERATION_NAME] in ("chat", "text_completion")
+            assert p["attributes"][sc.GEN_AI_PROVIDER_NAME] == "vllm"
+
+
+def test_served_resource_from_otel_variables(served: Server) -> None:
+    (span, *_) = [s for s in span_dicts(served.collected) if s["name"] == sc.SPAN_REQUEST]
+    assert span["resource"]["service.name"] == "vllm-serve-test"
+
+
+# --- zero code: opentelemetry-instrument vllm serve, with vLLM's own --otlp-traces-endpoint too -------
+
+
+@pytest.fixture(scope="module")
+def zero_code(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    tmp = tmp_path_factory.mktemp("vllm-zero-code")
+    ours, theirs = GrpcReceiver(), GrpcReceiver()
+    ours.start()
+    theirs.start()
+    port = free_port()
+    env = engine_env(
+        tmp,
+        OTEL_SERVICE_NAME="vllm-zero-code",
+        OTEL_TRACES_EXPORTER="otlp",
+        OTEL_METRICS_EXPORTER="otlp",
+        OTEL_LOGS_EXPORTER="none",
+        OTEL_EXPORTER_OTLP_ENDPOINT=ours.endpoint,
+        OTEL_EXPORTER_OTLP_PROTOCOL="grpc",  # vLLM's own exporter is gRPC unless ..._TRACES_PROTOCOL says
+        **OTLP_FAST,
+    )
+    command = [
+        str(ENGINE_BIN / "opentelemetry-instrument"),
+        str(ENGINE_BIN / "vllm"),
+        *serve_args(port, "--otlp-traces-endpoint", theirs.endpoint),
+    ]
+    server = start_server(command, env, tmp / "serve.log", ours.collected, port)
+    server.extra["theirs"] = theirs.collected
+    try:
+        server.extra["streams"] = concurrent_streams(server)
+        wait_for_requests(server, STREAMS)
+        yield server
+    finally:
+        server.stop()
+        ours.stop()
+        theirs.stop()
+
+
+def test_zero_code_traces_with_engine_events(zero_code: Server) -> None:
+    roots = roots_by_client_id(span_dicts(zero_code.collected))
+    spans = span_dicts(zero_code.collected)
+    for stream in zero_code.extra["streams"]:
+        (root,) = roots[stream["id"]]
+        assert root["attributes"][sc.GEN_AI_REQUEST_MODEL] == MODEL_NAME
+        assert root["attributes"][sc.GEN_AI_USAGE_OUTPUT_TOKENS] == STREAM_TOKENS
+        names = {s["name"] for s in spans if s["trace_id"] == root["trace_id"]}
+        assert {sc.SPAN_QUEUE, sc.SPAN_PREFILL, sc.SPAN_DECODE} <= names
+    # The engine core's events arrived: vLLM preempted, and the traces show it.
+    assert any(s["name"] == sc.SPAN_PREEMPTED for s in spans)
+
+
+def test_zero_code_exports_every_histogram(zero_code: Server) -> None:
+    """Needs otel_llm's histograms to reach the MeterProvider opentelemetry-instrument builds."""
+    points = latest_points(zero_code.collected)
+    missing = [name for name in HISTOGRAMS if not points.get(name)]
+    assert not missing, f"no data points for {missing}"
+
+
+def test_zero_code_vllms_own_spans_join_ours(zero_code: Server) -> None:
+    """The distro set the global TracerProvider first. vLLM's --otlp-traces-endpoint then builds a
+    provider of its own that cannot become global, and vLLM records its `llm_request` spans through
+    the global one: they go to the OTEL_* endpoint with otel_llm's, none to vLLM's endpoint."""
+    ours = span_dicts(zero_code.collected)
+    ids = {s["attributes"].get("gen_ai.request.id") for s in ours if s["name"] == "llm_request"}
+    assert {f"{s['id']}-0" for s in zero_code.extra["streams"]} <= ids
+    theirs = span_dicts(zero_code.extra["theirs"])
+    assert not [s for s in theirs if s["name"] in ("llm_request", sc.SPAN_REQUEST)]
+
+
+# --- the engine core without the plugin -----------------------------------------------------------------
+
+LAUNCHER = (
+    "import sys\n"
+    "from otel_llm.integrations.vllm import VLLMInstrumentor\n"
+    "VLLMInstrumentor().instrument()\n"
+    "from vllm.entrypoints.cli.main import main\n"
+    "sys.argv = ['vllm', *sys.argv[1:]]\n"
+    "main()\n"
+)
+
+
+def test_unplugged_engine_core_warns_what_to_set(tmp_path: Path) -> None:
+    """A launcher script instruments the frontend; the spawned engine core loads no plugin
+    (``VLLM_PLUGINS=''``) and vLLM's stats logging is off, so no request event arrives. Under `vllm serve`
+    the root logger and its handlers are at ERROR; otel_llm's WARNING must still reach the output and
+    name the variable to set."""
+    receiver = GrpcReceiver()
+    receiver.start()
+    port = free_port()
+    env = engine_env(tmp_path, VLLM_PLUGINS="")
+    command = [str(ENGINE_BIN / "python"), "-c", LAUNCHER, *serve_args(port, "--disable-log-stats")]
+    server = start_server(command, env, tmp_path / "serve.log", receiver.collected, port)
+    try:
+        client(server).completions.create(model=MODEL_NAME, prompt="Hello", max_tokens=4)
+        deadline = time.monotonic() + WAIT_S
+        while "VLLM_PLUGINS" not in server.output() and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        server.stop()
+        receiver.stop()
+    lines = [line for line in server.output().splitlines() if "otel_llm" in line and "VLLM_PLUGINS" in line]
+    assert lines, server.output()[-4000:]
+    assert "WARNING" in lines[0]
