@@ -24,7 +24,7 @@ def queued_output(rid: str) -> SimpleNamespace:
 
 def test_requests_the_tracker_evicts_are_forgotten() -> None:
     tracker = RequestTracker(max_in_flight=4)
-    adapter = VLLMAdapter(tracker)
+    adapter = VLLMAdapter(lambda model, operation: tracker)
     for k in range(50):  # never finished: the tracker evicts the oldest past 4 in flight
         rid = f"r{k}"
         adapter.request_added(request(rid))
@@ -35,7 +35,7 @@ def test_requests_the_tracker_evicts_are_forgotten() -> None:
 
 def test_registrations_that_never_queue_expire_with_the_trackers_age_limit() -> None:
     tracker = RequestTracker(max_age_s=0.05)
-    adapter = VLLMAdapter(tracker)
+    adapter = VLLMAdapter(lambda model, operation: tracker)
     for k in range(20):
         adapter.request_added(request(f"lost{k}"))  # no output ever arrives for these
     time.sleep(0.1)

@@ -173,3 +173,36 @@ def test_instrument_uninstrument_round_trip_on_sglang_classes() -> None:
     assert report["second_instrument_kept"]
     assert sorted(report["restored_identical"]) == everything
     assert sorted(report["reinstrumented_changed"]) == everything
+
+
+_DEFERRED = """
+import json, sys
+from otel_llm.integrations.sglang import SGLangInstrumentor
+instrumentor = SGLangInstrumentor()
+instrumentor.instrument(skip_dep_check=True)   # as opentelemetry-instrument's loader calls it
+before = {"sglang_imported": "sglang" in sys.modules, "instrumented": instrumentor.is_instrumented}
+import sglang.srt.managers.scheduler            # the program starts using SGLang
+after = instrumentor.is_instrumented
+instrumentor.uninstrument()
+print(json.dumps({**before, "after_import": after, "after_uninstrument": instrumentor.is_instrumented}))
+"""
+
+
+def test_installed_but_not_imported_sglang_is_instrumented_only_when_imported() -> None:
+    """Under opentelemetry-instrument, a process that never imports SGLang pays nothing for it."""
+    proc = subprocess.run(
+        [str(SGLANG_PYTHON), "-c", _DEFERRED],
+        cwd="/",
+        env=sglang_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report == {
+        "sglang_imported": False,
+        "instrumented": False,
+        "after_import": True,
+        "after_uninstrument": False,
+    }

@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from otel_llm.integrations.vllm import VLLMInstrumentor, import_hook
+from otel_llm.integrations import import_hook
+from otel_llm.integrations.vllm import VLLMInstrumentor
 from otel_llm.integrations.vllm import instrumentor as instrumentor_module
 from otel_llm.integrations.vllm.identity import identify
 
@@ -220,11 +221,18 @@ def test_uninstrument_before_vllm_is_imported_removes_the_hook(
     assert not any(type(f).__module__ == import_hook.__name__ for f in sys.meta_path)
 
 
-def test_instrumentation_dependencies_match_the_instruments_extra() -> None:
-    """opentelemetry-instrument decides from the distribution's `instruments` extra, before importing."""
+def test_instrumentation_dependencies_match_the_instruments_any_extra() -> None:
+    """opentelemetry-instrument decides from the distribution's `instruments-any` extra, before importing:
+    it must name what each instrumentor of the distribution instruments, and nothing else."""
+    from otel_llm.integrations.sglang import SGLangInstrumentor
+
     requires = importlib.metadata.distribution("otel-llm").requires or []
-    declared = [r.split(";")[0].replace(" ", "") for r in requires if 'extra == "instruments"' in r]
-    assert declared == [d.replace(" ", "") for d in VLLMInstrumentor().instrumentation_dependencies()]
+    declared = [r.split(";")[0].replace(" ", "") for r in requires if 'extra == "instruments-any"' in r]
+    wanted = [
+        *VLLMInstrumentor().instrumentation_dependencies(),
+        *SGLangInstrumentor().instrumentation_dependencies(),
+    ]
+    assert sorted(declared) == sorted(d.replace(" ", "") for d in wanted)
 
 
 def test_warnings_show_when_the_root_logger_hides_them(

@@ -21,10 +21,12 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+from otel_llm.integrations import import_hook
 from otel_llm.integrations.sglang.adapter import CARRIED, SGLangAdapter
 
 _log = logging.getLogger(__name__)
@@ -88,6 +90,7 @@ class SGLangInstrumentor:
 
     _lock: ClassVar[threading.Lock] = threading.Lock()
     _patch: ClassVar[_Patch | None] = None
+    _waiting: ClassVar[object | None] = None  # the import hook, while SGLang is installed but not imported
     _tracker: ClassVar[Any] = None
     _tracker_options: ClassVar[dict[str, Any]] = {}
     _adapter: ClassVar[SGLangAdapter | None] = None
@@ -101,32 +104,33 @@ class SGLangInstrumentor:
         return ("sglang >= 0.5.23",)
 
     def instrument(self, tracker: Any = None, **tracker_options: Any) -> None:
-        for key in _LOADER_KWARGS:
-            tracker_options.pop(key, None)
+        # opentelemetry-instrument's loader passes these; it loads every instrumentor of a distribution
+        # whose `instruments-any` extra is met, so a vLLM-only environment loads this one too.
+        by_loader = any([tracker_options.pop(key, None) is not None for key in _LOADER_KWARGS])
         with SGLangInstrumentor._lock:
-            if SGLangInstrumentor._patch is not None:
+            if SGLangInstrumentor._patch is not None or SGLangInstrumentor._waiting is not None:
                 _log.debug("otel_llm: SGLang is already instrumented")
                 return
-            found = _find_sglang()
-            if found is None:
-                return
-            scheduler, streamer, tokenizer, api_stats, sched_stats = found
             SGLangInstrumentor._tracker = tracker
             SGLangInstrumentor._tracker_options = {"provider_name": _PROVIDER_NAME, **tracker_options}
             SGLangInstrumentor._adapter = None
-            patch = _Patch()
-            patch.replace(scheduler, "_add_request_to_queue", _wrap_add(scheduler._add_request_to_queue))
-            patch.replace(scheduler, "get_new_batch_prefill", _wrap_prefill(scheduler.get_new_batch_prefill))
-            patch.replace(scheduler, "on_idle", _wrap_idle(scheduler.on_idle))
-            patch.replace(streamer, "stream_output", _wrap_stream(streamer.stream_output))
-            patch.replace(tokenizer, "_init_req_state", _wrap_init_state(tokenizer._init_req_state))
-            patch.replace(api_stats, "__getstate__", _wrap_getstate(api_stats.__getstate__))
-            # new_from_obj copies only attributes the scheduler's stats class has: give it ours.
-            patch.replace(sched_stats, CARRIED, None)
-            SGLangInstrumentor._patch = patch
+            if "sglang" not in sys.modules:
+                spec = importlib.util.find_spec("sglang")
+                if spec is not None and spec.origin is not None:
+                    # Installed, not imported: patch when (if ever) this process imports it, so a process
+                    # started by opentelemetry-instrument that never uses SGLang pays nothing for it.
+                    SGLangInstrumentor._waiting = import_hook.when_imported("sglang", _patch_when_imported)
+                    return
+                if by_loader:
+                    _log.debug("otel_llm: SGLang is not installed; the SGLang integration does nothing")
+                    return
+            _patch_sglang()
 
     def uninstrument(self) -> None:
         with SGLangInstrumentor._lock:
+            waiting, SGLangInstrumentor._waiting = SGLangInstrumentor._waiting, None
+            if waiting is not None:
+                import_hook.remove(waiting)
             patch, SGLangInstrumentor._patch = SGLangInstrumentor._patch, None
             if patch is not None:
                 patch.restore()
@@ -175,6 +179,34 @@ def _build_tracker(scheduler: Any, options: dict[str, Any]) -> Any:
 
 def _unset(provider: Any) -> bool:
     return type(provider).__name__ in _UNSET_PROVIDERS
+
+
+def _patch_when_imported() -> None:
+    """Called right after ``import sglang`` completes, when instrument() came first."""
+    with SGLangInstrumentor._lock:
+        SGLangInstrumentor._waiting = None
+        try:
+            _patch_sglang()
+        except Exception:  # never break `import sglang`
+            _warn_once("otel_llm: could not instrument SGLang; SGLang is unaffected", exc_info=True)
+
+
+def _patch_sglang() -> None:
+    """Wrap SGLang's scheduler and tokenizer methods (caller holds SGLangInstrumentor._lock)."""
+    found = _find_sglang()
+    if found is None:
+        return
+    scheduler, streamer, tokenizer, api_stats, sched_stats = found
+    patch = _Patch()
+    patch.replace(scheduler, "_add_request_to_queue", _wrap_add(scheduler._add_request_to_queue))
+    patch.replace(scheduler, "get_new_batch_prefill", _wrap_prefill(scheduler.get_new_batch_prefill))
+    patch.replace(scheduler, "on_idle", _wrap_idle(scheduler.on_idle))
+    patch.replace(streamer, "stream_output", _wrap_stream(streamer.stream_output))
+    patch.replace(tokenizer, "_init_req_state", _wrap_init_state(tokenizer._init_req_state))
+    patch.replace(api_stats, "__getstate__", _wrap_getstate(api_stats.__getstate__))
+    # new_from_obj copies only attributes the scheduler's stats class has: give it ours.
+    patch.replace(sched_stats, CARRIED, None)
+    SGLangInstrumentor._patch = patch
 
 
 def _find_sglang() -> tuple[type, type, type, type, type] | None:

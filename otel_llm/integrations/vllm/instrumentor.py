@@ -6,9 +6,10 @@ logging, without which the engine core sends no request events), and ``__init__`
 ``AsyncLLM`` (to read the served model name from vLLM's model config). ``uninstrument()`` puts the
 original functions back, so the classes are exactly as they were.
 
-Cost where vLLM is never used: the ``opentelemetry_instrumentor`` entry point is declared with an
-``instruments`` extra, so ``opentelemetry-instrument`` skips it from package metadata alone when vLLM is
-not installed; when it is installed but not imported yet, ``instrument()`` only places an import hook and
+Cost where vLLM is never used: the ``opentelemetry_instrumentor`` entry points are declared with an
+``instruments-any`` extra (vLLM, SGLang), so ``opentelemetry-instrument`` skips them from package metadata
+alone when neither is installed (and where only SGLang is, this one returns at once, quietly); when
+vLLM is installed but not imported yet, ``instrument()`` only places an import hook and
 patches once vLLM is imported. When vLLM lacks a class or method this integration needs,
 ``instrument()`` logs one warning and does nothing. A wrapper never raises because of telemetry: the
 adapter's errors are logged once and vLLM's own call always runs.
@@ -28,7 +29,7 @@ from collections.abc import Callable, Collection, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from otel_llm import semconv as sc
-from otel_llm.integrations.vllm import import_hook
+from otel_llm.integrations import import_hook
 from otel_llm.integrations.vllm.adapter import VLLMAdapter
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ _WRAPPED_METHODS = ("add_request", "process_outputs", "abort_requests")
 _EVENT_NAMES = ("QUEUED", "SCHEDULED", "PREEMPTED")
 # Engines whose __init__ builds the frontend's OutputProcessor next to a model config.
 _ENGINES = (("vllm.v1.engine.llm_engine", "LLMEngine"), ("vllm.v1.engine.async_llm", "AsyncLLM"))
-_INSTRUMENTS = ("vllm >= 0.11",)  # also the `instruments` extra in pyproject.toml
+_INSTRUMENTS = ("vllm >= 0.11",)  # also in the `instruments-any` extra in pyproject.toml
 # OTEL_LLM_VLLM_CONFIGURE=1: build otel_llm's providers from the OTEL_* variables (configure()) in the
 # process that serves requests, for `vllm serve` without the opentelemetry-instrument wrapper.
 ENV_CONFIGURE = "OTEL_LLM_VLLM_CONFIGURE"
@@ -128,8 +129,9 @@ class VLLMInstrumentor:
         return VLLMInstrumentor._patch is not None
 
     def instrument(self, tracker: Any = None, **tracker_options: Any) -> None:
-        for key in _LOADER_KWARGS:
-            tracker_options.pop(key, None)
+        # opentelemetry-instrument's loader passes these; it loads every instrumentor of a distribution
+        # whose `instruments-any` extra is met, so an SGLang-only environment loads this one too.
+        by_loader = any([tracker_options.pop(key, None) is not None for key in _LOADER_KWARGS])
         with VLLMInstrumentor._lock:
             if VLLMInstrumentor._patch is not None or VLLMInstrumentor._waiting is not None:
                 _log.debug("otel_llm: vLLM is already instrumented")
@@ -144,7 +146,10 @@ class VLLMInstrumentor:
             spec = importlib.util.find_spec("vllm")
             # A namespace package (no origin) is some folder named vllm on sys.path, such as a test folder.
             if spec is None or spec.origin is None:
-                _warn_once("otel_llm: vLLM is not installed; the vLLM integration does nothing")
+                if by_loader:
+                    _log.debug("otel_llm: vLLM is not installed; the vLLM integration does nothing")
+                else:
+                    _warn_once("otel_llm: vLLM is not installed; the vLLM integration does nothing")
                 return
             # Installed, not imported: patch when (if ever) this process imports it.
             VLLMInstrumentor._waiting = import_hook.when_imported("vllm", _patch_vllm)

@@ -1,9 +1,10 @@
 """Run a callback once a module has been imported, without importing it.
 
 ``opentelemetry-instrument`` switches every installed instrumentor on in every Python process it starts,
-most of which never import vLLM. Importing vLLM (and torch) there would cost seconds and hundreds of MB,
-so the vLLM instrumentor waits: a finder placed first on ``sys.meta_path`` notices when the module is
-imported, lets the normal import finish, then calls back. The finder removes itself after one use.
+most of which never import vLLM or SGLang. Importing them (and torch) there would cost seconds and
+hundreds of MB, so the vLLM and SGLang instrumentors wait: a finder placed first on ``sys.meta_path``
+notices when the module is imported, lets the normal import finish, then calls back. The finder removes
+itself after one use.
 """
 
 from __future__ import annotations
