@@ -255,6 +255,14 @@ def test_engine_otlp_example_with_no_collector_is_bounded_and_truthful(tmp_path:
     assert took < 30, f"took {took:.1f} s"
 
 
+@pytest.mark.parametrize("kind", ["dead", "refusing"])
+def test_hook_quickstart_with_no_collector_says_so(kind: str, tmp_path: Path) -> None:
+    with collector(kind) as otel:
+        done, _ = run_example("hook_quickstart.py", tmp_path, **otel)
+    assert done.returncode == 0, done.stderr
+    assert "NOT all delivered" in done.stdout and "see your collector" not in done.stdout, done.stdout
+
+
 def test_server_openai_client_example_with_a_dead_collector_is_bounded(tmp_path: Path) -> None:
     pytest.importorskip("openai")
     pytest.importorskip("fastapi")
