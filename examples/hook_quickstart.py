@@ -46,8 +46,17 @@ def main() -> None:
                 running.remove(rid)
                 tracker.finished(rid, reason="length", ts=now)  # 5. it left the engine
         step += 1
-    telemetry.shutdown()
-    print(f"{len(wants)} requests traced in {step} steps; see {telemetry.output_dir or 'your collector'}")
+    # Flushes within OTEL_LLM_SHUTDOWN_TIMEOUT (+ 1 s), even when the collector is down; False if it gave up.
+    delivered = telemetry.shutdown()
+    lost = telemetry.drops.total("spans")
+    done = f"{len(wants)} requests traced in {step} steps"
+    if delivered and not lost:
+        print(f"{done}; see {telemetry.output_dir or 'your collector'}")
+    else:
+        print(
+            f"{done}; NOT all delivered (collector down or slow?): "
+            f"{lost} spans counted as dropped, the rest given up at shutdown"
+        )
 
 
 if __name__ == "__main__":

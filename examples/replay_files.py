@@ -7,6 +7,8 @@ Jaeger, Tempo and Prometheus as if it had just been exported:
 
     docker compose -f collector-config/local/compose.yaml up -d
     python examples/replay_files.py                     # or: python examples/replay_files.py DIR
+    (DIR: a folder with the two files, e.g. a run folder of otel-llm demo / serve; a disaggregated run
+    folder sends its prefill/ and decode/ files)
 
 It posts to $OTEL_EXPORTER_OTLP_ENDPOINT/v1/traces and /v1/metrics (default http://localhost:4318, the
 collector's OTLP/HTTP port). Spans keep their original timestamps: search Jaeger at the time they ran.
@@ -84,11 +86,18 @@ def main() -> int:
         sys.argv[1] if len(sys.argv) > 1 else os.environ.get("OTEL_LLM_OUTPUT_DIR", "otel-llm-output")
     )
     endpoint = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4318").rstrip("/")
+    folders = [directory]
+    if not any((directory / f"{signal}.jsonl").exists() for signal in SIGNALS):
+        # A disaggregated run folder (otel-llm demo / serve --disaggregated): one folder per worker.
+        folders = [
+            directory / role for role in ("prefill", "decode") if (directory / role).is_dir()
+        ] or folders
     found, delivered, failures = False, 0, 0
-    for signal, message_type in SIGNALS.items():
-        path = directory / f"{signal}.jsonl"
+    for folder, (signal, message_type) in ((f, s) for f in folders for s in SIGNALS.items()):
+        path = folder / f"{signal}.jsonl"
+        label = signal if len(folders) == 1 else f"{folder.name} {signal}"
         if not path.exists():
-            print(f"{signal}: no {path}")
+            print(f"{label}: no {path}")
             continue
         found = True
         url = f"{endpoint}/v1/{signal}"
@@ -96,14 +105,17 @@ def main() -> int:
         delivered += sent
         failures += failed
         if not_taken is not None:
-            print(f"{signal}: not taken by {url} ({not_taken}: the backend does not accept {signal}?)")
+            print(f"{label}: not taken by {url} ({not_taken}: the backend does not accept {signal}?)")
         else:
-            print(f"{signal}: {sent} export requests accepted by {url}, {failed} failed")
+            print(f"{label}: {sent} export requests accepted by {url}, {failed} failed")
     if not found:
-        print(
-            f"no traces.jsonl or metrics.jsonl in {directory}; run something that uses otel_llm first",
-            file=sys.stderr,
+        runs = sorted(p.name for p in directory.glob("*-*") if p.is_dir())
+        hint = (
+            f"pass one of its run folders: {', '.join(runs)}"
+            if runs
+            else "run something that uses otel_llm first"
         )
+        print(f"no traces.jsonl or metrics.jsonl in {directory}; {hint}", file=sys.stderr)
     # Success: something was delivered and nothing failed (a signal the backend does not take is neither).
     return 0 if delivered and not failures else 1
 

@@ -184,6 +184,52 @@ def test_a_stalled_body_does_not_hold_graceful_shutdown(tmp_path: Path) -> None:
     assert took < 1 + BUDGET_S + 1 + SLACK_S, f"SIGTERM with a stalled client took {took:.1f} s"
 
 
+def open_stream(port: int, max_tokens: int) -> socket.socket:
+    """A streamed completion whose answer has begun (headers and a first event read)."""
+    body = json.dumps({"model": "otel-llm-tiny", "prompt": "hello", "max_tokens": max_tokens, "stream": True})
+    sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n{body}".encode()
+    )
+    data = b""
+    while b"data: " not in data:
+        chunk = sock.recv(4096)
+        assert chunk, data
+        data += chunk
+    return sock
+
+
+def read_to_end(sock: socket.socket) -> bytes:
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    sock.close()
+    return data
+
+
+def test_streams_still_open_after_the_graceful_timeout_end_cleanly(tmp_path: Path) -> None:
+    """Past --graceful-timeout the server ends what is still open itself: each open stream gets a last
+    error event (503, server_shutting_down) and a complete HTTP answer, its request is aborted, and
+    nothing is logged as a traceback."""
+    with server(tmp_path, {}, "--graceful-timeout", "1") as (proc, port):
+        # Six requests that each fill the whole KV cache: they take turns, far longer than 1 s.
+        socks = [open_stream(port, 1000) for _ in range(6)]
+        took = stop(proc)
+        answers = [read_to_end(sock) for sock in socks]
+    assert proc.stderr is not None
+    stderr = proc.stderr.read()
+    assert "Traceback" not in stderr and "Exception in ASGI" not in stderr, stderr
+    cut = [a for a in answers if b'"code":"server_shutting_down"' in a]
+    assert cut, [a[-300:] for a in answers]
+    for answer in answers:
+        assert answer.endswith(b"\r\n0\r\n\r\n"), answer[-300:]  # the last chunk: a complete answer
+    # Their requests were aborted, so their traces say so.
+    traces = list(tmp_path.glob("otel-llm-output/serve-*/traces.jsonl"))
+    assert len(traces) == 1 and traces[0].read_text().count('"stringValue":"abort"') >= len(cut)
+    assert took < 1 + BUDGET_S + 1 + SLACK_S, f"SIGTERM with open streams took {took:.1f} s"
+
+
 EXAMPLES = ROOT / "examples"
 
 
@@ -207,6 +253,14 @@ def test_engine_otlp_example_with_no_collector_is_bounded_and_truthful(tmp_path:
     assert "NOT all exported" in done.stdout and "\nexported to" not in done.stdout
     # The engine's own work takes a few seconds here; 40 s of retries would not fit.
     assert took < 30, f"took {took:.1f} s"
+
+
+@pytest.mark.parametrize("kind", ["dead", "refusing"])
+def test_hook_quickstart_with_no_collector_says_so(kind: str, tmp_path: Path) -> None:
+    with collector(kind) as otel:
+        done, _ = run_example("hook_quickstart.py", tmp_path, **otel)
+    assert done.returncode == 0, done.stderr
+    assert "NOT all delivered" in done.stdout and "see your collector" not in done.stdout, done.stdout
 
 
 def test_server_openai_client_example_with_a_dead_collector_is_bounded(tmp_path: Path) -> None:

@@ -145,3 +145,37 @@ def test_example_runs_and_delivers(script: str, tmp_path: Path) -> None:
         pytest.importorskip("openai", reason="the example's client")
         pytest.importorskip("fastapi", reason="the server needs the serve extra")
     CHECKS.get(script, check_any(script))(tmp_path)
+
+
+def test_replay_files_sends_both_workers_of_a_disaggregated_run(tmp_path: Path) -> None:
+    """A disaggregated run folder (otel-llm demo / serve --disaggregated) holds prefill/ and decode/;
+    replaying the run folder sends both, as `otel-llm view` joins both."""
+    run_dir = tmp_path / "serve-run"
+    for role in ("prefill", "decode"):
+        run("hook_quickstart.py", tmp_path, OTEL_LLM_OUTPUT_DIR=str(run_dir / role))
+    written = file_spans(run_dir / "prefill") + file_spans(run_dir / "decode")
+    with HttpReceiver() as receiver:
+        done = subprocess.run(
+            [sys.executable, str(EXAMPLES / "replay_files.py"), str(run_dir)],
+            env={**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint},
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        got = sorted(s.span_id.hex() for _, s in receiver.collected.spans())
+    assert got == sorted(s["spanId"] for s in written)
+    assert "prefill traces" in done.stdout and "decode metrics" in done.stdout
+
+
+def test_replay_files_names_the_run_folders_of_the_output_dir(tmp_path: Path) -> None:
+    (tmp_path / "otel-llm-output" / "demo-20260101-120000-1").mkdir(parents=True)
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / "replay_files.py")],
+        cwd=tmp_path,
+        env={k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert done.returncode == 1 and "demo-20260101-120000-1" in done.stderr, done.stderr

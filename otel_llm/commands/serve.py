@@ -89,9 +89,9 @@ def run(args: argparse.Namespace) -> int:
             raise SystemExit(f"otel-llm serve: {option} must be a positive number of seconds")
     need_torch("serve")
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401  (the serve extra is there)
 
-        from otel_llm.server import create_app
+        from otel_llm.server import create_app, run_server
     except ImportError as exc:
         raise SystemExit(
             f"otel-llm serve needs fastapi and uvicorn: pip install 'otel-llm[serve]' ({exc})"
@@ -148,12 +148,12 @@ def run(args: argparse.Namespace) -> int:
         engine, model=args.model_name, on_shutdown=stop_telemetry, body_timeout_s=args.body_timeout
     )
     try:
-        uvicorn.run(
+        run_server(
             app,
             host=args.host,
             port=args.port,
             log_level=args.log_level,
-            timeout_graceful_shutdown=args.graceful_timeout,
+            graceful_timeout_s=args.graceful_timeout,
         )
     finally:
         stop_telemetry()

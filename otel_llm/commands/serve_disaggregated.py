@@ -15,12 +15,10 @@ from otel_llm.commands._common import SERVICE_INSTANCE_ID, destinations, run_dir
 
 
 def run_disaggregated(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from otel_llm.engine import EngineConfig, ModelConfig
     from otel_llm.engine.disaggregated import DisaggregatedEngine
     from otel_llm.export import otlp
-    from otel_llm.server import create_app
+    from otel_llm.server import create_app, run_server
     from otel_llm.server.disaggregated import DisaggregatedFront, shutdown_budget_s
 
     model = ModelConfig(seed=args.seed)
@@ -61,12 +59,12 @@ def run_disaggregated(args: argparse.Namespace) -> int:
 
     app = create_app(front, model=args.model_name, on_shutdown=report, body_timeout_s=args.body_timeout)
     try:
-        uvicorn.run(
+        run_server(
             app,
             host=args.host,
             port=args.port,
             log_level=args.log_level,
-            timeout_graceful_shutdown=args.graceful_timeout,
+            graceful_timeout_s=args.graceful_timeout,
         )
     finally:  # uvicorn never started (e.g. the port is taken): the app's shutdown did not run
         if not workers.closed:

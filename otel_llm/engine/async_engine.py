@@ -197,6 +197,12 @@ class AsyncLLMEngine:
                 await self._task
             self._task = None
 
+    def end_open(self, exc: BaseException) -> None:
+        """End every open stream with ``exc`` (its reader gets it) and abort its request in the engine."""
+        for rid in list(self._streams):
+            self._fail(rid, exc)
+            self._abort(rid)
+
     def _abort(self, rid: str) -> None:
         """Forget ``rid``'s stream and abort it in the engine (a no-op if it has finished)."""
         self._streams.pop(rid, None)

@@ -34,6 +34,40 @@ HEADER_REQUEST_ID = "x-request-id"
 HEADER_TRACE_ID = "x-trace-id"
 DEFAULT_BODY_TIMEOUT_S = 30.0
 CLIENT_CLOSED = 499  # nginx's status for "client closed request"; nobody receives it
+# After --graceful-timeout the server ends what is still open itself; uvicorn's own cancellation, this
+# much later, is only a backstop (it logs every request it cancels with a traceback).
+BACKSTOP_S = 1.0
+
+
+class ServerStopping(Exception):
+    """The server is stopping and its graceful timeout is over: an open request is ended (aborted)."""
+
+
+def run(app: FastAPI, *, host: str, port: int, log_level: str, graceful_timeout_s: float) -> None:
+    """``uvicorn.run(app, ...)``, except that open requests still running ``graceful_timeout_s`` seconds
+    after SIGTERM / Ctrl-C are ended by the app (a 503, or a last error event in a stream; the engine
+    aborts them) before uvicorn would cancel their tasks."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets: Any = None) -> None:
+            timer = asyncio.get_running_loop().call_later(graceful_timeout_s, app.state.server.end_open)
+            try:
+                await super().shutdown(sockets)
+            finally:
+                timer.cancel()
+
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        timeout_graceful_shutdown=graceful_timeout_s + BACKSTOP_S,
+    )
+    server = Server(config)
+    server.run()
+    if not server.started:
+        raise SystemExit(3)  # as uvicorn.run(): the server could not start (e.g. the port is taken)
 
 
 def create_app(
@@ -97,6 +131,10 @@ class _Server:
         self.model = model
         self.body_timeout_s = body_timeout_s
         self.created = int(time.time())
+
+    def end_open(self) -> None:
+        """End every open request: its reader gets ServerStopping, the engine aborts it."""
+        self.engine.end_open(ServerStopping("the server is shutting down; the request was aborted"))
 
     async def answer(self, request: Request, kind: type[protocol._Common], chat: bool) -> Response:
         # Arrival (A): reading and checking the body, tokenizing and queueing are the llm.admission span.
@@ -192,7 +230,7 @@ class _Generation:
             async with self.outputs:  # leaving early (the client hung up) aborts the request
                 text = "".join([p async for p in self.pieces()])
         except Exception as exc:
-            raise _engine_failed(exc) from exc
+            raise _failed(exc) from exc
         reason = self.outputs.finish_reason
         body = protocol.completion(self.rid, self.server.model, text, reason, self.chat, self._usage())
         return JSONResponse(body, headers=self.headers())
@@ -210,7 +248,7 @@ class _Generation:
                 yield sse(protocol.usage_chunk(rid, model, chat, self._usage()))
             yield DONE
         except Exception as exc:  # headers are gone: report in the stream, as OpenAI does
-            yield sse(_engine_failed(exc).body())
+            yield sse(_failed(exc).body())
 
     def _usage(self) -> dict[str, int]:
         return protocol.usage(self.prompt_tokens, self.outputs.num_output_tokens)
@@ -250,6 +288,13 @@ def _too_long(exc: RequestTooLong, chat: bool) -> errors.ApiError:
         param="max_tokens",
         code="context_length_exceeded",
     )
+
+
+def _failed(exc: Exception) -> errors.ApiError:
+    """What ended a request that the engine had taken: the server stopping (503), else the engine (500)."""
+    if isinstance(exc, ServerStopping):
+        return errors.ApiError(503, str(exc), type=errors.SERVER_ERROR, code="server_shutting_down")
+    return _engine_failed(exc)
 
 
 def _engine_failed(exc: Exception) -> errors.ApiError:
