@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from otel_llm.integrations import import_hook
+from otel_llm.integrations import import_hook, patching
 from otel_llm.integrations.vllm import VLLMInstrumentor
 from otel_llm.integrations.vllm import instrumentor as instrumentor_module
 from otel_llm.integrations.vllm.identity import identify
@@ -57,7 +57,7 @@ class Scheduler:
 
 @pytest.fixture(autouse=True)
 def fresh_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(instrumentor_module, "_warned", set())
+    monkeypatch.setattr(patching, "_warned", set())
     yield
     VLLMInstrumentor().uninstrument()
     for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:

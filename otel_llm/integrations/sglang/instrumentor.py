@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from otel_llm.integrations import import_hook
+from otel_llm.integrations.patching import Patch, guarded, warn_once
 from otel_llm.integrations.sglang.adapter import CARRIED, SGLangAdapter
 
 _log = logging.getLogger(__name__)
@@ -41,40 +42,14 @@ _LOADER_KWARGS = ("raise_exception_on_conflict", "skip_dep_check")
 _PROVIDER_NAME = "sglang"
 _UNSET_PROVIDERS = ("ProxyTracerProvider", "_ProxyMeterProvider", "NoOpTracerProvider", "NoOpMeterProvider")
 
-_warned: set[str] = set()
-
-
-def _warn_once(message: str, *args: Any, exc_info: bool = False) -> None:
-    if message not in _warned:
-        _warned.add(message)
-        _log.warning(message, *args, exc_info=exc_info)
-
 
 def _guarded(what: str, call: Callable[..., None], *args: Any) -> None:
     """Run one adapter step; telemetry trouble is logged once and never reaches SGLang."""
-    try:
-        call(*args)
-    except Exception:
-        _warn_once("otel_llm: SGLang integration failed in %s; SGLang is unaffected", what, exc_info=True)
+    guarded(_log, "SGLang", what, call, *args)
 
 
-class _Patch:
-    """The original attributes of one active instrumentation (None: the class did not define it)."""
-
-    def __init__(self) -> None:
-        self.originals: dict[tuple[type, str], Any] = {}
-
-    def replace(self, cls: type, name: str, value: Any) -> None:
-        self.originals[(cls, name)] = cls.__dict__.get(name)
-        setattr(cls, name, value)
-
-    def restore(self) -> None:
-        for (cls, name), original in self.originals.items():
-            if original is None:
-                delattr(cls, name)
-            else:
-                setattr(cls, name, original)
-        self.originals.clear()
+def _warn_once(message: str, *args: Any, exc_info: bool = False) -> None:
+    warn_once(_log, message, *args, exc_info=exc_info)
 
 
 class SGLangInstrumentor:
@@ -89,7 +64,7 @@ class SGLangInstrumentor:
     """
 
     _lock: ClassVar[threading.Lock] = threading.Lock()
-    _patch: ClassVar[_Patch | None] = None
+    _patch: ClassVar[Patch | None] = None
     _waiting: ClassVar[object | None] = None  # the import hook, while SGLang is installed but not imported
     _tracker: ClassVar[Any] = None
     _tracker_options: ClassVar[dict[str, Any]] = {}
@@ -197,7 +172,7 @@ def _patch_sglang() -> None:
     if found is None:
         return
     scheduler, streamer, tokenizer, api_stats, sched_stats = found
-    patch = _Patch()
+    patch = Patch()
     patch.replace(scheduler, "_add_request_to_queue", _wrap_add(scheduler._add_request_to_queue))
     patch.replace(scheduler, "get_new_batch_prefill", _wrap_prefill(scheduler.get_new_batch_prefill))
     patch.replace(scheduler, "on_idle", _wrap_idle(scheduler.on_idle))

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from otel_llm import semconv as sc
 from otel_llm.integrations import import_hook
+from otel_llm.integrations.patching import Patch, guarded, warn_once
 from otel_llm.integrations.vllm.adapter import VLLMAdapter
 
 if TYPE_CHECKING:
@@ -58,41 +59,14 @@ _CALLER_HEADERS: contextvars.ContextVar[dict[str, str] | None] = contextvars.Con
     "otel_llm_vllm_caller_headers", default=None
 )
 
-_warned: set[str] = set()  # messages already logged once in this process
-
-
-def _warn_once(message: str, *args: Any, exc_info: bool = False) -> None:
-    if message not in _warned:
-        _warned.add(message)
-        _log.warning(message, *args, exc_info=exc_info)
-
 
 def _guarded(what: str, call: Callable[..., None], *args: Any) -> None:
     """Run one adapter step; telemetry trouble is logged once and never reaches vLLM."""
-    try:
-        call(*args)
-    except Exception:
-        _warn_once("otel_llm: vLLM integration failed in %s; vLLM is unaffected", what, exc_info=True)
+    guarded(_log, "vLLM", what, call, *args)
 
 
-class _Patch:
-    """The classes and original functions of one active instrumentation."""
-
-    def __init__(self) -> None:
-        # name -> the function found in the class's own __dict__ (None: it was inherited)
-        self.originals: dict[tuple[type, str], Any] = {}
-
-    def replace(self, cls: type, name: str, wrapper: Callable[..., Any]) -> None:
-        self.originals[(cls, name)] = cls.__dict__.get(name)
-        setattr(cls, name, wrapper)
-
-    def restore(self) -> None:
-        for (cls, name), original in self.originals.items():
-            if original is None:
-                delattr(cls, name)
-            else:
-                setattr(cls, name, original)
-        self.originals.clear()
+def _warn_once(message: str, *args: Any, exc_info: bool = False) -> None:
+    warn_once(_log, message, *args, exc_info=exc_info)
 
 
 class VLLMInstrumentor:
@@ -110,7 +84,7 @@ class VLLMInstrumentor:
 
     # Class-level: the patch is process-wide, so every instance sees and controls the same state.
     _lock: ClassVar[threading.RLock] = threading.RLock()
-    _patch: ClassVar[_Patch | None] = None
+    _patch: ClassVar[Patch | None] = None
     _waiting: ClassVar[object | None] = None  # the import hook while vLLM is not imported yet
     _tracker: ClassVar[Any] = None
     _trackers: ClassVar[dict[tuple[str | None, str], Any]] = {}
@@ -282,7 +256,7 @@ def _patch_vllm() -> None:
                 return
             _make_warnings_visible()
             processor_cls, scheduler_cls = found
-            patch = _Patch()
+            patch = Patch()
             for name in _WRAPPED_METHODS:
                 patch.replace(processor_cls, name, _WRAPPERS[name](getattr(processor_cls, name)))
             if scheduler_cls is not None:
