@@ -34,6 +34,8 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2
 from opentelemetry.proto.resource.v1 import resource_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
+from otel_llm import semconv as sc
+
 DEFAULT_WAIT_S = 20.0
 
 
@@ -288,6 +290,21 @@ class HttpReceiver(_Receiver):
 
 
 # --- helpers shared by the wire and file tests ------------------------------------------------------
+
+# The ten histograms of lifecycle.md's metric table, written out here (not read from the package), so a
+# histogram the package stops emitting fails every test that expects "all of them".
+HISTOGRAMS = (
+    sc.METRIC_TTFT,
+    sc.METRIC_TPOT,
+    sc.METRIC_REQUEST_DURATION,
+    sc.METRIC_QUEUE,
+    sc.METRIC_PREFILL,
+    sc.METRIC_DECODE,
+    sc.METRIC_INFERENCE,
+    sc.METRIC_ITL,
+    sc.METRIC_PREEMPTED,
+    sc.METRIC_RECOMPUTE,
+)
 
 
 def clear_otel_env(monkeypatch: Any) -> None:

@@ -12,23 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from otlp_receivers import HttpReceiver, attributes
+from otlp_receivers import HISTOGRAMS, HttpReceiver, attributes
 
 from otel_llm import semconv as sc
 
 REPO = Path(__file__).resolve().parents[1]
-HISTOGRAMS = (
-    sc.METRIC_TTFT,
-    sc.METRIC_TPOT,
-    sc.METRIC_REQUEST_DURATION,
-    sc.METRIC_QUEUE,
-    sc.METRIC_PREFILL,
-    sc.METRIC_DECODE,
-    sc.METRIC_INFERENCE,
-    sc.METRIC_ITL,
-    sc.METRIC_PREEMPTED,
-    sc.METRIC_RECOMPUTE,
-)
 
 # Three requests of one model: queued at t, scheduled +0.1 s, tokens at +0.2 s and +0.3 s, the second
 # request preempted and recomputed in between; finished at +0.4 s.

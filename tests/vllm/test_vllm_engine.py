@@ -26,7 +26,7 @@ from engine_tier import (
     span_dicts,
     total,
 )
-from otlp_receivers import HttpReceiver
+from otlp_receivers import HISTOGRAMS, HttpReceiver
 
 from otel_llm import semconv as sc
 
@@ -34,18 +34,6 @@ pytestmark = needs_engine
 
 DRIVER = Path(__file__).with_name("drive_engine.py")
 ABS = 1e-6  # s: values from the same monotonic timestamps, summed over a few thousand samples
-HISTOGRAMS = (
-    sc.METRIC_TTFT,
-    sc.METRIC_TPOT,
-    sc.METRIC_REQUEST_DURATION,
-    sc.METRIC_QUEUE,
-    sc.METRIC_PREFILL,
-    sc.METRIC_DECODE,
-    sc.METRIC_INFERENCE,
-    sc.METRIC_ITL,
-    sc.METRIC_PREEMPTED,
-    sc.METRIC_RECOMPUTE,
-)
 
 
 class OfflineRun:

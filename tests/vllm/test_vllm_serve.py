@@ -34,7 +34,13 @@ from engine_tier import (
     start_server,
     total,
 )
-from otlp_receivers import CALLER_SPAN_ID, CALLER_TRACE_ID, CALLER_TRACEPARENT, GrpcReceiver
+from otlp_receivers import (
+    CALLER_SPAN_ID,
+    CALLER_TRACE_ID,
+    CALLER_TRACEPARENT,
+    HISTOGRAMS,
+    GrpcReceiver,
+)
 
 from otel_llm import semconv as sc
 
@@ -46,18 +52,6 @@ KIND_INTERNAL, KIND_SERVER = 1, 2  # OTLP Span.SpanKind
 STREAMS = 12  # concurrent streams: with 20 KV blocks of 32 tokens vLLM preempts
 STREAM_TOKENS = 200  # 7 KV blocks each with the prompt: any 3 streams at once must preempt
 WAIT_S = 60.0
-HISTOGRAMS = (
-    sc.METRIC_TTFT,
-    sc.METRIC_TPOT,
-    sc.METRIC_REQUEST_DURATION,
-    sc.METRIC_QUEUE,
-    sc.METRIC_PREFILL,
-    sc.METRIC_DECODE,
-    sc.METRIC_INFERENCE,
-    sc.METRIC_ITL,
-    sc.METRIC_PREEMPTED,
-    sc.METRIC_RECOMPUTE,
-)
 OTLP_FAST = {"OTEL_METRIC_EXPORT_INTERVAL": "500", "OTEL_BSP_SCHEDULE_DELAY": "100"}
 
 
