@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from benchmarks.providers import discarding_providers
@@ -17,20 +18,38 @@ from benchmarks.report import Measure
 from otel_llm import RequestTracker
 
 
-def one_run(tracker: Any, requests: int, max_tokens: int) -> tuple[int, float]:
+@dataclass(frozen=True)
+class EngineRun:
+    """One run of the workload: steps, wall-clock and engine-thread CPU seconds, preemptions."""
+
+    steps: int
+    seconds: float  # time.perf_counter() seconds, start of the first step to the end of the last
+    cpu_seconds: float  # time.thread_time() of the engine thread over the same steps
+    preemptions: int
+
+
+def one_run(tracker: Any, requests: int, max_tokens: int, num_kv_blocks: int = 160) -> EngineRun:
+    """Run ``requests`` requests of ``max_tokens`` tokens to completion, batch up to 64.
+
+    160 KV blocks (of 16 tokens) is the stress workload: about a third of the requests are preempted.
+    The engine thread's CPU time is reported beside the wall clock because it leaves out the time this
+    process waited for a core: on a shared machine it moves much less from run to run."""
     from otel_llm.engine import EngineConfig, LLMEngine
 
     engine = LLMEngine(
-        EngineConfig(max_num_seqs=64, num_kv_blocks=160, max_num_batched_tokens=512), tracker=tracker
+        EngineConfig(max_num_seqs=64, num_kv_blocks=num_kv_blocks, max_num_batched_tokens=512),
+        tracker=tracker,
     )
     for i in range(requests):
         engine.add_request(f"request {i}: tell me a story", max_tokens=max_tokens)
     steps = 0
+    cpu_start = time.thread_time()
     start = time.perf_counter()
     while engine.has_unfinished():
         engine.step()
         steps += 1
-    return steps, time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    return EngineRun(steps, seconds, time.thread_time() - cpu_start, engine.num_preemptions)
 
 
 def run(quick: bool, rounds: int) -> list[Measure]:
@@ -55,8 +74,9 @@ def run(quick: bool, rounds: int) -> list[Measure]:
                         meter_provider=providers.meter_provider,
                         model="tiny",
                     )
-                steps, seconds = one_run(tracker, requests, max_tokens)
-                rates[name].append(steps / seconds)
+                result = one_run(tracker, requests, max_tokens)
+                steps = result.steps
+                rates[name].append(steps / result.seconds)
         with_, without = statistics.median(rates["with"]), statistics.median(rates["without"])
         note = (
             f"{requests} requests x {max_tokens} output tokens, batch up to 64, {steps} steps per run, "

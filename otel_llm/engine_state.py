@@ -77,27 +77,56 @@ class EngineState:
         for arg, name, description in _COUNTERS:
             metrics.observe(name, sc.UNIT_TOKEN, description, self._counter_callback(arg), counter=True)
 
-    def update(
+    def report(
         self,
-        kv_cache_usage: float | None,
-        running: int | None,
-        waiting: int | None,
-        increments: dict[str, int],
-        step_tokens: int | None,
-    ) -> None:
-        """Store one report (arguments already checked)."""
+        kv_cache_usage: Any,
+        running: Any,
+        waiting: Any,
+        queries: Any,
+        hits: Any,
+        drafted: Any,
+        accepted: Any,
+        step_tokens: Any,
+    ) -> tuple[float | None, int | None]:
+        """Check and store one ``engine_state()`` report; returns the checked (usage, step tokens).
+
+        Called once per engine step, so plain ints and floats in range take a path of identity and range
+        checks only (about a tenth of the general checks); anything else goes through ``count`` /
+        ``usage``, which convert or raise. Nothing is stored when any argument is bad."""
+        kv = kv_cache_usage
+        if kv is not None and (kv.__class__ is not float or not 0.0 <= kv <= 1.0):
+            kv = usage(kv)
+        if running is not None and (running.__class__ is not int or running < 0):
+            running = count("running", running)
+        if waiting is not None and (waiting.__class__ is not int or waiting < 0):
+            waiting = count("waiting", waiting)
+        if step_tokens is not None and (step_tokens.__class__ is not int or step_tokens < 0):
+            step_tokens = count("step_tokens", step_tokens)
+        counted = bool(queries or hits or drafted or accepted)
+        if counted:
+            if queries.__class__ is not int or queries < 0:
+                queries = count("prefix_cache_queries", queries)
+            if hits.__class__ is not int or hits < 0:
+                hits = count("prefix_cache_hits", hits)
+            if drafted.__class__ is not int or drafted < 0:
+                drafted = count("spec_drafted_tokens", drafted)
+            if accepted.__class__ is not int or accepted < 0:
+                accepted = count("spec_accepted_tokens", accepted)
         with self._lock:
-            if kv_cache_usage is not None:
-                self.kv_cache_usage = kv_cache_usage
+            if kv is not None:
+                self.kv_cache_usage = kv
             if running is not None:
                 self.running = running
             if waiting is not None:
                 self.waiting = waiting
-            totals = self.totals
-            for arg, n in increments.items():
-                totals[arg] = (totals[arg] or 0) + n
+            if counted:
+                totals = self.totals
+                for (arg, _, _), n in zip(_COUNTERS, (queries, hits, drafted, accepted), strict=True):
+                    if n:
+                        totals[arg] = (totals[arg] or 0) + n
         if step_tokens is not None:
             self._metrics.record_step_tokens(step_tokens)
+        return kv, step_tokens
 
     def _observe_usage(self) -> list[tuple[float, dict[str, Any]]]:
         usage = self.kv_cache_usage
@@ -121,12 +150,11 @@ class EngineState:
 
 def usage(value: Any) -> float:
     """A KV-cache usage fraction in [0, 1], or TypeError / ValueError saying what to pass."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        try:
-            value = float(value)  # numpy scalars and the like
-        except (TypeError, ValueError):
-            raise TypeError(f"kv_cache_usage must be a fraction between 0 and 1, got {value!r}") from None
-    value = float(value)
+    if value.__class__ is not float:
+        # Numbers of other types (numpy scalars, Fraction) convert; bools and strings are mistakes.
+        if isinstance(value, (bool, str, bytes)) or not hasattr(value, "__float__"):
+            raise TypeError(f"kv_cache_usage must be a fraction between 0 and 1, got {value!r}")
+        value = float(value)
     if not (math.isfinite(value) and 0.0 <= value <= 1.0):
         raise ValueError(f"kv_cache_usage must be a fraction between 0 and 1 (used / all blocks): {value!r}")
     return value

@@ -28,7 +28,7 @@ from opentelemetry.trace import Span
 from otel_llm import anomalies as an
 from otel_llm import attributes as user_attrs
 from otel_llm import semconv as sc
-from otel_llm.engine_state import EngineState, count, usage
+from otel_llm.engine_state import EngineState, count
 from otel_llm.handoff import make_carrier, read_carrier
 from otel_llm.identity import parent_context, parent_span_context
 from otel_llm.intervals import Intervals
@@ -403,20 +403,16 @@ class RequestTracker:
         ``spec_drafted_tokens`` / ``spec_accepted_tokens`` (speculative decoding). ``step_tokens``: tokens
         fed to the model in this step, one histogram sample. None / 0 means "not reported". Only stores
         numbers; the metrics are read at collection time (``otel_llm.engine_state``)."""
-        kv = None if kv_cache_usage is None else usage(kv_cache_usage)
-        running = None if running is None else count("running", running)
-        waiting = None if waiting is None else count("waiting", waiting)
-        step = None if step_tokens is None else count("step_tokens", step_tokens)
-        increments = {}
-        for name, value in (
-            ("prefix_cache_queries", prefix_cache_queries),
-            ("prefix_cache_hits", prefix_cache_hits),
-            ("spec_drafted_tokens", spec_drafted_tokens),
-            ("spec_accepted_tokens", spec_accepted_tokens),
-        ):
-            if value:
-                increments[name] = count(name, value)
-        self._engine_state.update(kv, running, waiting, increments, step)
+        kv, step = self._engine_state.report(
+            kv_cache_usage,
+            running,
+            waiting,
+            prefix_cache_queries,
+            prefix_cache_hits,
+            spec_drafted_tokens,
+            spec_accepted_tokens,
+            step_tokens,
+        )
         log = self._step_log
         if log is not None and (step is not None or kv is not None):
             with self._lock:
