@@ -9,9 +9,13 @@ a JSON header, vLLM's ``kv_transfer_params``, or HTTP headers):
 - ``traceparent``: W3C header of the request's ``llm.request`` span (trace id, span id, sampled flag);
   the decode instance emits that span, and the prefill instance's spans are already its children;
 - ``llm-request-parent``: W3C header of ``llm.request``'s own parent (the caller's span), when it has one;
-- ``llm-arrival``: the request's arrival (A) at the prefill side, ``time.monotonic()`` seconds. The
-  monotonic clock is shared by the processes of one Linux host, which is what this carries; instances
-  on different hosts would need a wall-clock arrival instead (not done: see DESIGN.md);
+- ``llm-arrival``: the request's arrival (A) at the prefill side, ``time.monotonic()`` seconds, exact
+  between the processes of one host (they share the monotonic clock);
+- ``llm-arrival-unix-nano``: the same arrival on the wall clock (ns since the Unix epoch), and
+  ``llm-clock``: which monotonic clock ``llm-arrival`` is on (the Linux boot id). A decode instance on
+  another host (another boot id, or none on either side) places the arrival from the wall clock, so
+  the arrival there is as good as the two hosts' clock sync; a skew that puts it after the decode
+  instance's ``queued`` is clamped and counted like any arrival after queued;
 - ``llm-tail-sampling``: ``keep`` or ``drop``, the prefill instance's tail-sampling decision for its
   spans (``keep`` when it does no tail sampling), so the decode instance keeps what it kept
   (``otel_llm.sampling``, rule ``prefill_kept``).
@@ -22,8 +26,10 @@ Only the OpenTelemetry API is imported here.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 from opentelemetry import trace
@@ -35,6 +41,8 @@ from otel_llm.identity import format_traceparent, normalize_carrier
 KEY_TRACEPARENT = "traceparent"
 KEY_PARENT = "llm-request-parent"
 KEY_ARRIVAL = "llm-arrival"
+KEY_ARRIVAL_UNIX_NANO = "llm-arrival-unix-nano"
+KEY_CLOCK = "llm-clock"
 KEY_TAIL = "llm-tail-sampling"
 TAIL_KEEP = "keep"
 TAIL_DROP = "drop"
@@ -68,6 +76,21 @@ def _parse(value: str | None) -> tuple[int, int, int] | None:
     return trace_id, span_id, flags
 
 
+@cache
+def monotonic_clock_id() -> str | None:
+    """What names this host's ``time.monotonic()`` clock: the Linux boot id (read once), else None."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def _wall_minus_monotonic() -> float:
+    """time.time() - time.monotonic() now, in seconds: adds to a monotonic time to get a wall time."""
+    return time.time() - time.monotonic()
+
+
 def make_carrier(
     traceparent: str, parent: SpanContext | None, arrival: float, kept: bool = True
 ) -> dict[str, str]:
@@ -76,8 +99,12 @@ def make_carrier(
     carrier = {
         KEY_TRACEPARENT: traceparent,
         KEY_ARRIVAL: repr(arrival),
+        KEY_ARRIVAL_UNIX_NANO: str(round((arrival + _wall_minus_monotonic()) * 1e9)),
         KEY_TAIL: TAIL_KEEP if kept else TAIL_DROP,
     }
+    clock = monotonic_clock_id()
+    if clock is not None:
+        carrier[KEY_CLOCK] = clock
     if parent is not None:
         carrier[KEY_PARENT] = format_traceparent(parent.trace_id, parent.span_id, int(parent.trace_flags))
     return carrier
@@ -97,15 +124,32 @@ def read_carrier(carrier: Mapping[str, Any] | None) -> HandedIn | None:
     if above is not None and above[0] == trace_id:
         ctx = SpanContext(trace_id, above[1], is_remote=True, trace_flags=TraceFlags(above[2]))
         parent = trace.set_span_in_context(NonRecordingSpan(ctx))
-    try:
-        arrival: float | None = float(headers[KEY_ARRIVAL])
-    except ValueError:
-        arrival = None
-    if arrival is not None and not math.isfinite(arrival):
-        arrival = None
+    arrival = _arrival(headers)
     tail = headers.get(KEY_TAIL, "").strip().lower()
     kept = True if tail == TAIL_KEEP else False if tail == TAIL_DROP else None
     return HandedIn(trace_id, span_id, bool(flags & 0x01), parent, arrival, kept)
+
+
+def _arrival(headers: Mapping[str, str]) -> float | None:
+    """The carried arrival on this process's monotonic clock, or None when it cannot be read.
+
+    The monotonic value as it is when the carrier comes from this host's clock; otherwise the wall-clock
+    value moved onto this host's monotonic clock (a carrier without one falls back to the monotonic
+    value, as older versions sent)."""
+    clock = headers.get(KEY_CLOCK)
+    same_clock = clock is not None and clock == monotonic_clock_id()
+    if not same_clock:
+        try:
+            wall_ns = int(headers[KEY_ARRIVAL_UNIX_NANO])
+        except (KeyError, ValueError):
+            pass
+        else:
+            return wall_ns / 1e9 - _wall_minus_monotonic()
+    try:
+        arrival = float(headers[KEY_ARRIVAL])
+    except ValueError:
+        return None
+    return arrival if math.isfinite(arrival) else None
 
 
 def remote_request_context(trace_id: int, span_id: int, sampled: bool) -> Context:

@@ -180,3 +180,55 @@ def test_role_is_checked_and_both_is_unchanged(make_harness: Any) -> None:
     (root,) = h.roots()
     assert sc.LLM_ROLE not in root.attributes
     assert root.start_time == root.start_time and root.parent.span_id == int("2" * 16, 16)  # a plain parent
+
+
+def _decode_from(make_harness: Any, carrier: dict[str, str]) -> Any:
+    """A decode tracker that continues ``carrier`` and delivers the first tokens at T1."""
+    dec = make_harness(role="decode")
+    dec.tracker.queued("r1", ts=QD, prompt_tokens=40, carrier=carrier)
+    dec.tracker.kv_received("r1", ts=KD, num_bytes=4096)
+    dec.tracker.scheduled(["r1"], ts=SD)
+    dec.tracker.tokens(["r1"], ts=T1, counts=[2])
+    dec.tracker.finished("r1", reason="length", ts=E)
+    (root,) = dec.roots()
+    return root
+
+
+def _prefill_carrier(make_harness: Any) -> dict[str, str]:
+    pre = make_harness(role="prefill")
+    pre.tracker.queued("r1", ts=Q, arrival_ts=A, prompt_tokens=40)
+    pre.tracker.scheduled(["r1"], ts=S1)
+    pre.tracker.tokens(["r1"], ts=F)
+    carrier = pre.tracker.handoff_carrier("r1")
+    assert carrier is not None
+    return carrier
+
+
+def test_the_arrival_crosses_hosts_on_the_wall_clock(make_harness: Any) -> None:
+    """A decode instance on another host cannot read the prefill host's monotonic clock. Two hosts cannot
+    run here, so the carrier is made on this one and then changed as the other host's would read: its
+    clock id differs and its monotonic arrival is a number from another clock. The arrival comes from
+    the wall-clock value, so TTFT still follows the rule (within the precision of two clock readings)."""
+    carrier = _prefill_carrier(make_harness)
+    assert set(carrier) >= {"llm-arrival", "llm-arrival-unix-nano", "llm-tail-sampling", "traceparent"}
+    other_host = {**carrier, "llm-clock": "another-boot-id", "llm-arrival": "7.25"}
+    root = _decode_from(make_harness, other_host)
+    assert root.attributes[sc.LLM_LATENCY_TTFT] == pytest.approx(T1 - A, abs=1e-4)
+
+
+def test_on_one_host_the_monotonic_arrival_is_used_as_it_is(make_harness: Any) -> None:
+    """Same clock id: the monotonic value wins, even when the wall-clock value disagrees (a clock step
+    between the two instances' readings must not move the arrival)."""
+    carrier = _prefill_carrier(make_harness)
+    if "llm-clock" not in carrier:
+        pytest.fail("this host has a boot id (Linux): the carrier must name its monotonic clock")
+    stepped = {**carrier, "llm-arrival-unix-nano": str(int(carrier["llm-arrival-unix-nano"]) + 10**12)}
+    root = _decode_from(make_harness, stepped)
+    assert root.attributes[sc.LLM_LATENCY_TTFT] == pytest.approx(T1 - A, abs=1e-9)
+
+
+def test_a_carrier_from_an_older_version_keeps_its_monotonic_arrival(make_harness: Any) -> None:
+    carrier = _prefill_carrier(make_harness)
+    old = {k: v for k, v in carrier.items() if k not in ("llm-clock", "llm-arrival-unix-nano")}
+    root = _decode_from(make_harness, old)
+    assert root.attributes[sc.LLM_LATENCY_TTFT] == pytest.approx(T1 - A, abs=1e-9)
