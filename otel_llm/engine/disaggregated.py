@@ -246,8 +246,8 @@ class DisaggregatedEngine:
         self._tmp = tempfile.TemporaryDirectory(prefix="otel-llm-kv-")
         sock_path = os.path.join(self._tmp.name, "kv.sock")
         ctx = mp.get_context("spawn")
-        self._requests = ctx.Queue()
-        self._outputs = ctx.Queue()
+        self._requests: Any = ctx.Queue()  # None once the workers are stopped
+        self._outputs: Any = ctx.Queue()
         out = None if output_dir is None else str(output_dir)
         resource = dict(resource_attributes or {})
         self._decode = ctx.Process(
@@ -298,18 +298,42 @@ class DisaggregatedEngine:
                 proc.kill()
             proc.join(timeout=5)
         self._tmp.cleanup()
+        self._release_queues()
+
+    def _release_queues(self) -> None:
+        """Close both queues and drop them, once no worker uses them.
+
+        A spawn-context queue holds named semaphores that multiprocessing unlinks when the queue is
+        garbage-collected or at interpreter exit. ``otel-llm serve`` ends by re-raising SIGTERM (uvicorn
+        does), so there is no interpreter exit, and the resource tracker would report them as leaked:
+        dropping the last references here unlinks them while the process still runs."""
+        for q in (self._requests, self._outputs):
+            if q is not None:
+                q.close()
+                # The feeder thread holds the queue (and its write lock) until it has flushed; with
+                # the workers gone a full pipe would never drain, so the wait is bounded.
+                flushed = threading.Thread(target=q.join_thread, name="otel-llm-queue-flush", daemon=True)
+                flushed.start()
+                flushed.join(timeout=1.0)
+        self._requests = self._outputs = None
 
     def submit(self, request: Submit) -> None:
+        if self._requests is None:
+            raise RuntimeError("the workers are stopped: close() was called")
         self._requests.put(request)
 
     def abort(self, request_id: str) -> None:
-        """End a submitted request wherever it is now (finish reason ``abort``); a no-op once finished."""
-        self._requests.put(Abort(request_id))
+        """End a submitted request wherever it is now (finish reason ``abort``); a no-op once finished
+        or once the workers are stopped."""
+        if self._requests is not None:
+            self._requests.put(Abort(request_id))
 
     def events(self, timeout_s: float = 0.1) -> list[Output | Queued]:
         """Outputs and ``Queued`` answers available now (waiting up to ``timeout_s`` for the first)."""
         got: list[Any] = list(self._held)
         self._held = []
+        if self._outputs is None:  # stopped: nothing more will come
+            return [o for o in got if isinstance(o, (Output, Queued))]
         with contextlib.suppress(queue.Empty):
             if not got:
                 got.append(self._outputs.get(timeout=timeout_s))
@@ -328,6 +352,8 @@ class DisaggregatedEngine:
     def close(self, timeout_s: float = 60.0) -> list[Output]:
         """Finish every submitted request, stop both workers (telemetry flushed); the last outputs.
         Workers still running ``timeout_s`` seconds from now are killed."""
+        if self._requests is None:
+            return []  # already stopped
         self.closed = True
         self._requests.put(None)
         rest: list[Output] = []
