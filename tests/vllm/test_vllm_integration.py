@@ -59,6 +59,7 @@ def test_instrument_wraps_and_uninstrument_restores_vllm(any_run: dict[str, Any]
         "OutputProcessor.abort_requests",
         "OutputProcessor.add_request",
         "OutputProcessor.process_outputs",
+        "OutputProcessor.update_scheduler_stats",
         "Scheduler.__init__",
     ]
     assert any_run["restored"] is True
@@ -195,3 +196,35 @@ def test_finish_reasons(run: dict[str, Any]) -> None:
     for reason, count in counted.items():
         (point,) = metric(run, sc.METRIC_REQUESTS, **{sc.LLM_FINISH_REASON: reason})
         assert point["value"] == count
+
+
+def test_engine_state_equals_vllms_scheduler_stats(any_run: dict[str, Any]) -> None:
+    """The engine-state metrics against vLLM's own SchedulerStats and IterationStats of the same steps
+    (the driver sums those; its gauges are the last step's, taken after the requests drained)."""
+    vllm = any_run["vllm_engine_state"]
+    assert vllm["stats_steps"] == any_run["steps"]  # the instrumentor turned stats on: one per step
+    (step,) = metric(any_run, sc.METRIC_STEP_TOKENS)
+    assert step["count"] == len(vllm["iteration_tokens"]) > 0
+    assert step["sum"] == sum(vllm["iteration_tokens"])
+    (usage,) = metric(any_run, sc.METRIC_KV_CACHE_USAGE)
+    assert usage["value"] == pytest.approx(vllm["kv_cache_usage"], abs=1e-12)
+    assert vllm["max_kv_cache_usage"] > 0  # the run did use the cache (the last value may be 0)
+    for state in (sc.STATE_RUNNING, sc.STATE_WAITING):
+        (point,) = metric(any_run, sc.METRIC_SCHEDULER_REQUESTS, **{sc.LLM_REQUEST_STATE: state})
+        assert point["value"] == vllm[state]
+    for name, field in (
+        (sc.METRIC_PREFIX_CACHE_QUERIES, "prefix_cache_queries"),
+        (sc.METRIC_PREFIX_CACHE_HITS, "prefix_cache_hits"),
+    ):
+        # Prefix caching is off in this tier (the engine tier has real hits): nothing to report.
+        assert vllm[field] == 0 and metric(any_run, name) == []
+
+
+def test_speculative_decoding_counts_equal_vllm(vllm_runs: dict[str, dict[str, Any]]) -> None:
+    run = vllm_runs["speculative"]
+    vllm = run["vllm_engine_state"]
+    assert vllm["spec_draft_tokens"] > vllm["spec_accepted_tokens"] > 0  # s1 accepts one of two drafts
+    (drafted,) = metric(run, sc.METRIC_SPEC_DRAFT_TOKENS)
+    (accepted,) = metric(run, sc.METRIC_SPEC_ACCEPTED_TOKENS)
+    assert drafted["value"] == vllm["spec_draft_tokens"]
+    assert accepted["value"] == vllm["spec_accepted_tokens"]

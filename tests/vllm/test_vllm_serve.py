@@ -342,6 +342,43 @@ def test_served_ttft_next_to_the_servers(served: Server) -> None:
     assert offset >= -1e-4
 
 
+def test_served_engine_state_equals_the_servers(served: Server) -> None:
+    """The engine core's SchedulerStats reach the API server's frontend; once the engine is idle, our
+    engine-state metrics (summed over the trackers' points) equal the server's /metrics. An export
+    may have been taken between a step's outputs and its stats, so wait for one taken after both."""
+    vllm = served.extra["prometheus"]
+    expected = {
+        "prefix_cache_queries": vllm["vllm:prefix_cache_queries_total"],
+        "prefix_cache_hits": vllm["vllm:prefix_cache_hits_total"],
+        "step_count": vllm["vllm:iteration_tokens_total_count"],
+        "step_sum": vllm["vllm:iteration_tokens_total_sum"],
+        "kv_cache_usage": vllm["vllm:kv_cache_usage_perc"],
+        "running": vllm["vllm:num_requests_running"],
+        "waiting": vllm["vllm:num_requests_waiting"],
+    }
+    seen: dict[str, float] = {}
+
+    def caught_up(collected: Any) -> bool:
+        points = latest_points(collected)
+        requests = points.get(sc.METRIC_SCHEDULER_REQUESTS, [])
+        seen.update(
+            prefix_cache_queries=total(points.get(sc.METRIC_PREFIX_CACHE_QUERIES, []), "value"),
+            prefix_cache_hits=total(points.get(sc.METRIC_PREFIX_CACHE_HITS, []), "value"),
+            step_count=total(points.get(sc.METRIC_STEP_TOKENS, []), "count"),
+            step_sum=total(points.get(sc.METRIC_STEP_TOKENS, []), "sum"),
+            kv_cache_usage=total(points.get(sc.METRIC_KV_CACHE_USAGE, []), "value"),
+            running=total(requests, "value", **{sc.LLM_REQUEST_STATE: sc.STATE_RUNNING}),
+            waiting=total(requests, "value", **{sc.LLM_REQUEST_STATE: sc.STATE_WAITING}),
+        )
+        return seen == expected
+
+    served.collected.wait_until(caught_up, timeout_s=WAIT_S)
+    assert expected["step_count"] > 0 and expected["prefix_cache_queries"] > 0
+    assert seen == expected
+    # One engine, one report: its state is on one tracker's points (the first request's endpoint).
+    assert len(latest_points(served.collected)[sc.METRIC_STEP_TOKENS]) == 1
+
+
 def test_served_every_histogram_is_exported_with_model_and_operation(served: Server) -> None:
     points = latest_points(served.collected)
     missing = [name for name in HISTOGRAMS if not points.get(name)]

@@ -47,6 +47,8 @@ class OutputProcessor(_Base):
         self.request_states[request.request_id] = request
     def process_outputs(self, engine_core_outputs, engine_core_timestamp=None, iteration_stats=None):
         return "processed"
+    def update_scheduler_stats(self, scheduler_stats):
+        return "updated"
 """
 SCHEDULER = """
 class Scheduler:
@@ -127,7 +129,7 @@ def test_uninstrument_restores_the_classes_exactly(tmp_path: Path, monkeypatch: 
     processor_before, scheduler_before = dict(vars(OutputProcessor)), dict(vars(Scheduler))
     VLLMInstrumentor().instrument(tracker=_RaisingTracker())
     assert VLLMInstrumentor().is_instrumented
-    for name in ("add_request", "process_outputs", "abort_requests"):
+    for name in ("add_request", "process_outputs", "abort_requests", "update_scheduler_stats"):
         assert vars(OutputProcessor)[name] is not processor_before.get(name)
     assert Scheduler(vllm_config=None).log_stats is True  # stats logging forced on
     VLLMInstrumentor().uninstrument()
@@ -149,11 +151,39 @@ def test_telemetry_failure_never_reaches_vllm(
     processor.add_request(request)
     event = _Event("QUEUED", 1.0)
     output = _Output("r1", [7], [event])
+    stats = _SchedulerStats()
     for _ in range(3):
         assert processor.process_outputs([output], 2.0, None) == "processed"
+        assert processor.update_scheduler_stats(stats) == "updated"
     assert processor.abort_requests(["r1"], internal=True) == ["r1"]
     assert len(warnings_of(caplog)) >= 1
     assert len(set(warnings_of(caplog))) == len(warnings_of(caplog))  # each problem logged once
+
+
+def test_a_vllm_without_scheduler_stats_warns_once_and_traces_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Older vLLM frontends have no update_scheduler_stats: no engine-state metrics, a warning that says
+    so, and every other wrapper in place."""
+    older = OUTPUT_PROCESSOR.replace("def update_scheduler_stats", "def _not_it")
+    stand_in_vllm(tmp_path, monkeypatch, ENGINE_INIT, older)
+    from vllm.v1.engine.output_processor import OutputProcessor
+
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    VLLMInstrumentor().instrument()
+    assert VLLMInstrumentor().is_instrumented
+    assert hasattr(OutputProcessor.process_outputs, "__wrapped__")
+    assert "update_scheduler_stats" not in vars(OutputProcessor)
+    (message,) = warnings_of(caplog)
+    assert "update_scheduler_stats" in message and "KV-cache usage" in message
+
+
+class _SchedulerStats:
+    """vLLM's SchedulerStats, as far as the adapter reads it."""
+
+    num_running_reqs = 1
+    num_waiting_reqs = 0
+    kv_cache_usage = 0.5
 
 
 class _RaisingTracker:

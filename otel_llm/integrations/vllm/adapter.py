@@ -8,6 +8,12 @@ events in timestamp order before its tokens rebuilds the timeline exactly as it 
 carry the batch's ``EngineCoreOutputs.timestamp`` (the same clock). The result: our queue / prefill /
 decode / inference values are computed from the very timestamps vLLM's ``FinishedRequestStats`` uses.
 
+The engine's own state (KV-cache usage, running and waiting requests, prefix-cache and speculative
+decoding counts, tokens per step) comes once per engine step from vLLM's ``SchedulerStats``, which the
+frontend hands to ``OutputProcessor.update_scheduler_stats`` after the step's outputs (see
+``engine_state``); each request's prefix-cache hits ride on its first output, next to its first SCHEDULED
+event, and go to the tracker with it.
+
 Nothing here imports vLLM: outputs and requests are read by attribute name, enum members by name, so a
 vLLM build that renumbers its enums keeps working.
 """
@@ -23,6 +29,7 @@ from opentelemetry import context as otel_context
 
 from otel_llm import semconv as sc
 from otel_llm.integrations.vllm.choices import Choices
+from otel_llm.integrations.vllm.engine_state import cached_prompt_tokens, computed_prompt_tokens, state_of
 from otel_llm.integrations.vllm.identity import RequestIdentity, identify
 from otel_llm.tracker import DEFAULT_MAX_AGE_S, DEFAULT_MAX_IN_FLIGHT
 
@@ -98,7 +105,12 @@ class VLLMAdapter:
     the id the client saw goes on the span as ``llm.request.id`` (see ``identity``), the internal one as
     ``vllm.request.id``. ``model`` is the served model name (set from vLLM's model config when the
     engine is built). Call order per engine step: ``outputs`` before vLLM processes the batch (it may trim
-    tokens after a stop string), ``settle`` after (requests vLLM dropped from its open set have finished).
+    tokens after a stop string), ``settle`` after (requests vLLM dropped from its open set have finished);
+    an engine step whose outputs come in several batches (``AsyncLLM`` splits large ones) calls both per
+    batch, then ``engine_stats`` once.
+
+    The engine's own state goes to one tracker, the one this adapter's first request went to: it is one
+    engine's state, and reporting it to every (model, endpoint) tracker would count it several times.
     """
 
     def __init__(self, tracker_for: TrackerFor, model: str | None = None) -> None:
@@ -109,6 +121,13 @@ class VLLMAdapter:
         self._choices: dict[str, Choices] = {}  # by vLLM's parent request id, while choices run
         self._choice_of: dict[str, Choices] = {}  # child request id -> its parent's Choices
         self._warned_no_events = False
+        self._engine_tracker: Any = None  # where engine_state() goes: the tracker of the first request
+        # Tokens of the engine step being delivered, counted as vLLM's iteration stats count them.
+        self._step_outputs = 0
+        self._step_tokens = 0
+        # Whether this vLLM's outputs carry prefill_stats (0.32 and later, at least): without them the
+        # prompt tokens a step computed are unknown, and tokens per step are not reported.
+        self._prefill_stats: bool | None = None
         # The trackers close requests that never finish (max_age_s, max_in_flight); these maps follow
         # them, so they stay bounded by the same limits.
         self._trackers: dict[int, Any] = {}  # every tracker requests went to (one per model and endpoint)
@@ -149,30 +168,46 @@ class VLLMAdapter:
         )
         if id(tracker) not in self._trackers:
             self._trackers[id(tracker)] = tracker
+            if self._engine_tracker is None:
+                self._engine_tracker = tracker
             self._max_age_s = min(self._max_age_s, float(getattr(tracker, "max_age_s", DEFAULT_MAX_AGE_S)))
             self._max_pending = min(
                 self._max_pending, int(getattr(tracker, "max_in_flight", DEFAULT_MAX_IN_FLIGHT))
             )
         self._prune()
 
-    def outputs(self, outputs: Iterable[Any], batch_ts: float | None) -> None:
-        """Replay one batch of ``EngineCoreOutput``s: each request's events, then the batch's tokens."""
+    def outputs(
+        self, outputs: Iterable[Any], batch_ts: float | None, still_open: Container[str] | None = None
+    ) -> None:
+        """Replay one batch of ``EngineCoreOutput``s: each request's events, then the batch's tokens.
+
+        ``still_open``: the requests vLLM's frontend holds before it processes the batch; the step's
+        token count takes only their outputs, as vLLM's does (it drops outputs of aborted requests).
+        None: every output counts.
+        """
         if batch_ts is None:
             batch_ts = time.monotonic()
         batches: dict[Any, tuple[list[str], list[int]]] = {}  # tracker -> (request ids, token counts)
+        step_tokens = 0
         for out in outputs:
+            if self._prefill_stats is None:
+                self._prefill_stats = hasattr(out, "prefill_stats")
             request_id = out.request_id
+            if still_open is None or request_id in still_open:
+                self._step_outputs += 1
+                step_tokens += len(out.new_token_ids) + (computed_prompt_tokens(out) or 0)
             if request_id not in self._live and request_id not in self._pending:
                 continue  # registered before instrumentation, or already finished
             events = out.events
+            cached = cached_prompt_tokens(out) if events or request_id in self._pending else None
             if events:
-                self._replay(request_id, events)
+                self._replay(request_id, events, cached)
             if request_id in self._pending:
                 # No QUEUED event: the engine core runs without stats logging. Queue from arrival and
                 # schedule at this batch; the prefill/queue split and preemptions are unknown then.
                 self._note_no_events()
                 self._open(request_id, None)
-                self._live[request_id].scheduled([request_id], ts=batch_ts)
+                self._schedule(request_id, batch_ts, cached)
             produced = len(out.new_token_ids)
             if produced:
                 tracker = self._live[request_id]
@@ -183,6 +218,23 @@ class VLLMAdapter:
                 batch[1].append(produced)
         for tracker, (request_ids, counts) in batches.items():
             tracker.tokens(request_ids, ts=batch_ts, counts=counts)
+        self._step_tokens += step_tokens
+
+    def engine_stats(self, stats: Any) -> None:
+        """The end of one engine step: its ``SchedulerStats`` (or None) and the tokens of its outputs.
+
+        One ``engine_state()`` call per step. Tokens per step are counted only for steps that delivered
+        outputs, as vLLM records ``vllm:iteration_tokens_total``: per output, its new tokens plus, on a
+        request's first output, the prompt tokens the engine computed (its prefix-cache hits excluded).
+        """
+        outputs, tokens = self._step_outputs, self._step_tokens
+        self._step_outputs = self._step_tokens = 0
+        state = state_of(stats) if stats is not None else {}
+        if outputs and self._prefill_stats is not False:
+            state["step_tokens"] = tokens
+        tracker = self._engine_tracker
+        if state and tracker is not None:
+            tracker.engine_state(**state)
 
     def settle(self, outputs: Iterable[Any], still_open: Container[str]) -> None:
         """After vLLM processed a batch: finish the requests of ``outputs`` that left ``still_open``.
@@ -277,9 +329,10 @@ class VLLMAdapter:
             choices = self._choices[parent_id] = Choices(tracker, start, count, attributes, carrier)
         return choices
 
-    def _replay(self, request_id: str, events: Iterable[Any]) -> None:
+    def _replay(self, request_id: str, events: Iterable[Any], cached: int | None = None) -> None:
         # Sorted by timestamp (stable for ties): one output may hold QUEUED, SCHEDULED, PREEMPTED and
-        # the next SCHEDULED of a request that was preempted before it produced anything.
+        # the next SCHEDULED of a request that was preempted before it produced anything. ``cached``:
+        # the prefix-cache hits of the request's first scheduling, when this output carries them.
         for event in sorted(events, key=_timestamp):
             kind = getattr(event.type, "name", None)
             ts = event.timestamp
@@ -291,9 +344,16 @@ class VLLMAdapter:
             if request_id in self._pending:
                 self._open(request_id, ts)  # QUEUED lost: the first event we see stands in for it
             if kind == "SCHEDULED":
-                self._live[request_id].scheduled([request_id], ts=ts)
+                self._schedule(request_id, ts, cached)
             elif kind == "PREEMPTED":
                 self._live[request_id].preempted([request_id], ts=ts)
+
+    def _schedule(self, request_id: str, ts: float, cached: int | None) -> None:
+        """SCHEDULED, with the prefix-cache hits when known (the tracker keeps the first figure)."""
+        if cached is None:
+            self._live[request_id].scheduled([request_id], ts=ts)
+        else:
+            self._live[request_id].scheduled([request_id], ts=ts, cached_tokens=[cached])
 
     def _open(self, request_id: str, queued_ts: float | None) -> None:
         pending = self._pending.pop(request_id)

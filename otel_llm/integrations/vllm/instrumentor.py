@@ -1,10 +1,11 @@
 """VLLMInstrumentor: switch the adapter on inside a running vLLM V1 without touching vLLM's source.
 
 It wraps three methods of the frontend's ``OutputProcessor`` class (``add_request``,
-``process_outputs``, ``abort_requests``), the engine core ``Scheduler.__init__`` (to turn on stats
-logging, without which the engine core sends no request events), and ``__init__`` of ``LLMEngine`` and
-``AsyncLLM`` (to read the served model name from vLLM's model config). ``uninstrument()`` puts the
-original functions back, so the classes are exactly as they were.
+``process_outputs``, ``abort_requests``) and, where vLLM has it, a fourth (``update_scheduler_stats``,
+which receives the engine's ``SchedulerStats`` once per step), the engine core ``Scheduler.__init__`` (to
+turn on stats logging, without which the engine core sends no request events and no ``SchedulerStats``),
+and ``__init__`` of ``LLMEngine`` and ``AsyncLLM`` (to read the served model name from vLLM's model
+config). ``uninstrument()`` puts the original functions back, so the classes are exactly as they were.
 
 Cost where vLLM is never used: the ``opentelemetry_instrumentor`` entry points are declared with an
 ``instruments-any`` extra (vLLM, SGLang), so ``opentelemetry-instrument`` skips them from package metadata
@@ -42,6 +43,10 @@ _OUTPUT_PROCESSOR = ("vllm.v1.engine.output_processor", "OutputProcessor")
 _SCHEDULER = ("vllm.v1.core.sched.scheduler", "Scheduler")
 _EVENT_TYPES = ("vllm.v1.engine", "EngineCoreEventType")
 _WRAPPED_METHODS = ("add_request", "process_outputs", "abort_requests")
+# Optional: vLLM's engine loops (LLMEngine.step, AsyncLLM's output handler) call it once per engine step
+# with that step's SchedulerStats, whether or not the frontend logs stats itself. Without it (older vLLM)
+# the integration works, minus the engine's own state.
+_STATS_METHOD = "update_scheduler_stats"
 _EVENT_NAMES = ("QUEUED", "SCHEDULED", "PREEMPTED")
 # Engines whose __init__ builds the frontend's OutputProcessor next to a model config.
 _ENGINES = (("vllm.v1.engine.llm_engine", "LLMEngine"), ("vllm.v1.engine.async_llm", "AsyncLLM"))
@@ -259,6 +264,16 @@ def _patch_vllm() -> None:
             patch = Patch()
             for name in _WRAPPED_METHODS:
                 patch.replace(processor_cls, name, _WRAPPERS[name](getattr(processor_cls, name)))
+            update_stats = getattr(processor_cls, _STATS_METHOD, None)
+            if callable(update_stats):
+                patch.replace(processor_cls, _STATS_METHOD, _wrap_update_scheduler_stats(update_stats))
+            else:
+                _warn_once(
+                    "otel_llm: this vLLM's OutputProcessor has no %s; the engine's own state (KV-cache "
+                    "usage, running and waiting requests, prefix-cache hits, tokens per step) is not "
+                    "reported",
+                    _STATS_METHOD,
+                )
             if scheduler_cls is not None:
                 patch.replace(scheduler_cls, "__init__", _stats_on(scheduler_cls.__init__))
             for engine_cls in _engine_classes():
@@ -421,7 +436,7 @@ def _wrap_process_outputs(original: Callable[..., Any]) -> Callable[..., Any]:
         adapter = VLLMInstrumentor._adapters.get(self)
         if adapter is not None:
             # Before vLLM: it may trim tokens after a stop string; vLLM counts them untrimmed too.
-            _guarded("process_outputs", adapter.outputs, engine_core_outputs, batch_ts)
+            _guarded("process_outputs", adapter.outputs, engine_core_outputs, batch_ts, _open_ids(self))
         result = original(self, engine_core_outputs, *args, **kwargs)
         if adapter is not None:
             _guarded("process_outputs", adapter.settle, engine_core_outputs, _open_ids(self))
@@ -429,6 +444,18 @@ def _wrap_process_outputs(original: Callable[..., Any]) -> Callable[..., Any]:
 
     process_outputs.__wrapped__ = original  # type: ignore[attr-defined]
     return process_outputs
+
+
+def _wrap_update_scheduler_stats(original: Callable[..., Any]) -> Callable[..., Any]:
+    def update_scheduler_stats(self: Any, scheduler_stats: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, scheduler_stats, *args, **kwargs)
+        adapter = VLLMInstrumentor._adapters.get(self)
+        if adapter is not None:
+            _guarded("update_scheduler_stats", adapter.engine_stats, scheduler_stats)
+        return result
+
+    update_scheduler_stats.__wrapped__ = original  # type: ignore[attr-defined]
+    return update_scheduler_stats
 
 
 def _wrap_abort_requests(original: Callable[..., Any]) -> Callable[..., Any]:
