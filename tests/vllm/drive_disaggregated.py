@@ -8,10 +8,9 @@ The KV connector is vLLM's ``ExampleConnector``, the one that runs on CPU: the p
 (``kv_producer``) writes each request's KV cache to files under STORAGE_DIR, named by the prompt's hash;
 the decode instance (``kv_consumer``) finds them by the same hash and loads them into its own KV cache
 instead of computing the prompt (NIXL, Mooncake and the NCCL connectors need GPUs or their own
-libraries). The two halves run one after the other in two processes, as two instances would. The
-engine core runs in its own process, as by default: in-process, vLLM seeds Python's ``random`` with
-its ``seed`` (0 by default), from which the OpenTelemetry SDK draws span ids, so both halves would draw
-the same ids.
+libraries). The two halves run one after the other in two processes, as two instances would. Each
+runs its engine core in-process (half the start-up time on these CPUs), where vLLM seeds Python's
+``random`` with its default seed 0 in both: the ids otel_llm draws must not follow that seed.
 
 - ``prefill``: PD_REQUESTS prompts with ``max_tokens=1`` and ``kv_transfer_params={"do_remote_decode":
   true}`` (what vLLM's P/D proxy sends), plus one plain request. Writes each output's
@@ -32,6 +31,7 @@ import tempfile
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CACHE_ROOT", tempfile.mkdtemp(prefix="vllm-cache-"))
 
 MODEL_NAME = "tiny-llama"

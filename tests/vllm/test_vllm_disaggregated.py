@@ -137,7 +137,10 @@ def test_one_trace_per_request_across_both_instances(pair: PairRun) -> None:
     for root in roots:
         trace_id = root["trace_id"]
         assert root["parent_id"] is None and pair.service(root) == "vllm-decode"
-        assert [s["name"] for s in pair.spans if s["trace_id"] == trace_id].count(sc.SPAN_REQUEST) == 1
+        in_trace = [s for s in pair.spans if s["trace_id"] == trace_id]
+        assert [s["name"] for s in in_trace].count(sc.SPAN_REQUEST) == 1
+        # two processes that vLLM seeded alike drew the ids of one trace's spans: all distinct
+        assert len({s["span_id"] for s in in_trace}) == len(in_trace)
         (p_inst,) = pair.named(sc.SPAN_INSTANCE_PREFILL, trace_id)
         (d_inst,) = pair.named(sc.SPAN_INSTANCE_DECODE, trace_id)
         assert p_inst["parent_id"] == d_inst["parent_id"] == root["span_id"]
