@@ -173,3 +173,22 @@ def test_the_instrumentor_builds_one_tracker_per_role(instrumentor: Any) -> None
     dec = VLLMInstrumentor._tracker_for("m", "chat", sc.ROLE_DECODE)
     assert (both.role, pre.role, dec.role) == (sc.ROLE_BOTH, sc.ROLE_PREFILL, sc.ROLE_DECODE)
     assert VLLMInstrumentor._tracker_for("m", "chat", sc.ROLE_PREFILL) is pre
+
+
+def test_connector_keys_are_never_replaced() -> None:
+    out = output("p1", [], 1, "LENGTH", {"traceparent": "theirs", "remote_engine_id": "e1"})
+    pd.attach_carrier(out, {KEY_TRACEPARENT: "ours", KEY_ARRIVAL: "1.0"})
+    assert out.kv_transfer_params == {"traceparent": "theirs", "remote_engine_id": "e1", KEY_ARRIVAL: "1.0"}
+
+
+def test_a_given_tracker_of_another_role_warns_once(make_harness: Any, caplog: Any) -> None:
+    h = make_harness()
+    inst = VLLMInstrumentor()
+    inst.instrument(tracker=h.tracker)
+    try:
+        with caplog.at_level("WARNING", logger="otel_llm"):
+            for _ in range(3):
+                assert VLLMInstrumentor._tracker_for("m", "chat", sc.ROLE_PREFILL) is h.tracker
+        assert len([r for r in caplog.records if "role" in r.getMessage()]) == 1
+    finally:
+        inst.uninstrument()
