@@ -118,7 +118,7 @@ class VLLMAdapter:
         self._handing_off: set[str] = set()
         # The trackers close requests that never finish (max_age_s, max_in_flight); these maps follow
         # them, so they stay bounded by the same limits.
-        self._trackers: dict[int, Any] = {}  # every tracker requests went to (one per model and endpoint)
+        self._trackers: dict[int, Any] = {}  # every tracker requests went to (per model, endpoint, role)
         self._max_age_s = DEFAULT_MAX_AGE_S
         self._max_pending = DEFAULT_MAX_IN_FLIGHT
         self._added = 0
