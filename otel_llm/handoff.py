@@ -44,6 +44,8 @@ KEY_ARRIVAL = "llm-arrival"
 KEY_ARRIVAL_UNIX_NANO = "llm-arrival-unix-nano"
 KEY_CLOCK = "llm-clock"
 KEY_TAIL = "llm-tail-sampling"
+# Every key a carrier may hold (a transport that keeps only some must keep these).
+CARRIER_KEYS = (KEY_TRACEPARENT, KEY_PARENT, KEY_ARRIVAL, KEY_ARRIVAL_UNIX_NANO, KEY_CLOCK, KEY_TAIL)
 TAIL_KEEP = "keep"
 TAIL_DROP = "drop"
 

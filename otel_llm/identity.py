@@ -16,6 +16,7 @@ Parents come from a W3C carrier (remote) or the caller's active span (local).
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
 from collections.abc import Mapping
@@ -92,14 +93,28 @@ class PresetSampler:
         return self.inner.get_description()
 
 
+# Ids come from a generator of our own, seeded from the OS, not from the `random` module's shared one:
+# engines seed that for reproducible sampling (vLLM calls random.seed(0) by default where its engine core
+# runs), which made every such process draw the same trace and span ids, so that two instances of a
+# disaggregated pair gave spans of one trace the same id. A forked child reseeds, for the same reason.
+_ids = random.Random(int.from_bytes(os.urandom(16), "big"))
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: _ids.seed(int.from_bytes(os.urandom(16), "big")))
+
+
+def random_bits(bits: int) -> int:
+    """``bits`` random bits from otel_llm's own generator (unaffected by ``random.seed``)."""
+    return _ids.getrandbits(bits)
+
+
 def new_trace_id() -> int:
     """128 random bits, never zero (W3C: all-zero ids are invalid); for tracers that have no SDK
     ``id_generator`` (spans are not built there, only ``traceparent()`` needs an id)."""
-    return random.getrandbits(128) or 1
+    return random_bits(128) or 1
 
 
 def new_span_id() -> int:
-    return random.getrandbits(64) or 1
+    return random_bits(64) or 1
 
 
 def normalize_carrier(carrier: Any) -> dict[str, str] | None:

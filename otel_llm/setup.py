@@ -38,6 +38,8 @@ from opentelemetry.sdk.metrics.view import View
 from opentelemetry.sdk.resources import SERVICE_NAME, OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.trace import INVALID_SPAN_ID, INVALID_TRACE_ID
 
 from otel_llm.export import otlp
 from otel_llm.export.counting import (
@@ -48,6 +50,7 @@ from otel_llm.export.counting import (
 )
 from otel_llm.export.otlp_json import OtlpJsonMetricExporter, OtlpJsonSpanExporter
 from otel_llm.export.telemetry import Telemetry
+from otel_llm.identity import random_bits
 
 __all__ = ["Telemetry", "configure"]
 
@@ -140,7 +143,7 @@ def _build(
     meter_provider = MeterProvider(
         resource=resource, metric_readers=readers, views=list(views), shutdown_on_exit=False
     )
-    tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+    tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False, id_generator=_IdGenerator())
     processor = None
     if span_exporter is not None:
         processor = CountingBatchSpanProcessor(span_exporter, drops, meter_provider=meter_provider)
@@ -236,3 +239,21 @@ def _describe(to: str, signal: otlp.Signal, directory: Path | None) -> str:
     if to == "file" and directory is not None:
         return str(directory / f"{signal}.jsonl")
     return "nowhere"
+
+
+class _IdGenerator(RandomIdGenerator):
+    """The SDK's random ids, drawn from otel_llm's own generator rather than the ``random`` module's
+    shared one, which engines seed (vLLM: ``random.seed(0)`` by default where its engine core runs), so
+    that processes seeded alike would otherwise draw the same trace and span ids."""
+
+    def generate_span_id(self) -> int:
+        span_id = random_bits(64)
+        while span_id == INVALID_SPAN_ID:
+            span_id = random_bits(64)
+        return span_id
+
+    def generate_trace_id(self) -> int:
+        trace_id = random_bits(128)
+        while trace_id == INVALID_TRACE_ID:
+            trace_id = random_bits(128)
+        return trace_id

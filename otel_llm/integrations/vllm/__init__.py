@@ -19,6 +19,10 @@ every batch of new tokens (``time.monotonic()`` seconds); the frontend's ``Outpu
 The instrumentor wraps that processor and replays the events into a RequestTracker (see ``adapter``), so
 queue, prefill, decode and inference times equal vLLM's own ``FinishedRequestStats``. The module imports
 no vLLM code until vLLM itself is imported.
+
+Disaggregated prefill/decode (vLLM's KV connectors): a request's ``kv_transfer_params`` make it the
+prefill or decode part of one trace across the two instances; the prefill instance's hand-off carrier
+rides in the ``kv_transfer_params`` it returns, which the caller forwards (see ``disaggregated``).
 """
 
 from __future__ import annotations

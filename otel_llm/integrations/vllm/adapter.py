@@ -28,6 +28,7 @@ from typing import Any
 from opentelemetry import context as otel_context
 
 from otel_llm import semconv as sc
+from otel_llm.integrations.vllm import disaggregated as pd
 from otel_llm.integrations.vllm.choices import Choices
 from otel_llm.integrations.vllm.engine_state import cached_prompt_tokens, computed_prompt_tokens, state_of
 from otel_llm.integrations.vllm.identity import RequestIdentity, identify
@@ -91,8 +92,10 @@ class _Pending:
         self.choices = choices
 
 
-TrackerFor = Callable[[str | None, str], Any]
-"""``tracker_for(model, operation)``: the RequestTracker for requests of that model and endpoint."""
+TrackerFor = Callable[..., Any]
+"""``tracker_for(model, operation)``: the RequestTracker for requests of that model and endpoint;
+``tracker_for(model, operation, role)`` for a disaggregated request's part (``prefill`` / ``decode``),
+whose tracker has that role (see ``disaggregated``)."""
 
 PendingEvents = Callable[[str], Iterable[Any] | None]
 """``pending_events(request_id)``: engine-core events of a request not delivered yet, or None."""
@@ -128,9 +131,13 @@ class VLLMAdapter:
         # Whether this vLLM's outputs carry prefill_stats (0.32 and later, at least): without them the
         # prompt tokens a step computed are unknown, and tokens per step are not reported.
         self._prefill_stats: bool | None = None
+        # Disaggregated prefill: requests that asked do_remote_decode while they run here, and those
+        # whose carrier went out with their last output (handed off: kv_sent, not finished).
+        self._remote_decode: set[str] = set()
+        self._handing_off: set[str] = set()
         # The trackers close requests that never finish (max_age_s, max_in_flight); these maps follow
         # them, so they stay bounded by the same limits.
-        self._trackers: dict[int, Any] = {}  # every tracker requests went to (one per model and endpoint)
+        self._trackers: dict[int, Any] = {}  # every tracker requests went to (per model, endpoint, role)
         self._max_age_s = DEFAULT_MAX_AGE_S
         self._max_pending = DEFAULT_MAX_IN_FLIGHT
         self._added = 0
@@ -156,7 +163,17 @@ class VLLMAdapter:
         carrier = dict(headers) if headers else None
         count = _choice_count(parent)
         identity = identify(request, index if count > 1 else None)
-        tracker = self._tracker_for(self.model, identity.operation)
+        # A P/D request's part (n > 1 is not split across instances by vLLM's connectors: kept whole).
+        params = pd.transfer_params(request) if count == 1 else None
+        role = pd.request_role(params)
+        if role == sc.ROLE_BOTH:
+            tracker = self._tracker_for(self.model, identity.operation)
+        else:
+            tracker = self._tracker_for(self.model, identity.operation, role)
+            if role == sc.ROLE_PREFILL:
+                self._remote_decode.add(request_id)
+            else:  # decode: continue the prefill instance's trace, else the caller's
+                carrier = pd.carrier_in(params) or carrier
         choices = None
         if count > 1:
             choices = self._choices_of(parent, identity, tracker, arrival, count, carrier)
@@ -219,6 +236,8 @@ class VLLMAdapter:
         for tracker, (request_ids, counts) in batches.items():
             tracker.tokens(request_ids, ts=batch_ts, counts=counts)
         self._step_tokens += step_tokens
+        if self._remote_decode:
+            self._hand_off(outputs)
 
     def engine_stats(self, stats: Any) -> None:
         """The end of one engine step: its ``SchedulerStats`` (or None) and the tokens of its outputs.
@@ -255,7 +274,10 @@ class VLLMAdapter:
             else:
                 reason = sc.REASON_STOP
             message = getattr(error, "message", None) if error is not None else None
-            self._finish(request_id, reason, now, message)
+            if request_id in self._handing_off:
+                self._sent(request_id, now)
+            else:
+                self._finish(request_id, reason, now, message)
 
     def abandoned(self, still_open: Container[str], pending_events: PendingEvents | None = None) -> None:
         """After an abort: every request we follow that left ``still_open`` finished with ``abort``.
@@ -276,6 +298,35 @@ class VLLMAdapter:
 
     # --- internals -----------------------------------------------------------------------------------
 
+    def _hand_off(self, outputs: Iterable[Any]) -> None:
+        """Prefill instance: a request that asked ``do_remote_decode`` and finished normally goes on at a
+        decode instance; its carrier joins the ``kv_transfer_params`` vLLM returns to the caller."""
+        for out in outputs:
+            request_id = out.request_id
+            if request_id not in self._remote_decode or out.finish_reason is None:
+                continue
+            tracker = self._live.get(request_id)
+            if tracker is None or getattr(tracker, "role", None) != sc.ROLE_PREFILL:
+                continue  # a ready tracker of another role was given: the trace ends here
+            if finish_reason_name(out.finish_reason) not in (sc.REASON_STOP, sc.REASON_LENGTH):
+                continue  # aborted or failed: no decode instance takes it, it ends here
+            carrier = tracker.handoff_carrier(request_id)
+            if carrier is not None:
+                pd.attach_carrier(out, carrier)
+                self._handing_off.add(request_id)
+
+    def _sent(self, request_id: str, ts: float) -> None:
+        """The prefill instance's part ended: vLLM's frontend saw the request's last output.
+
+        vLLM's engine core learns when the KV cache has left (``KVConnectorOutput.finished_sending``,
+        when it frees the blocks), but sends the frontend nothing then: this is the last moment the
+        frontend sees (for a connector that saves synchronously, such as vLLM's example connector, the
+        KV cache was written within the step that produced the output)."""
+        tracker = self._live.pop(request_id)
+        self._remote_decode.discard(request_id)
+        self._handing_off.discard(request_id)
+        tracker.kv_sent(request_id, ts=ts)
+
     def _prune(self) -> None:
         """Forget what the trackers no longer follow: requests they evicted, and registrations whose
         QUEUED never came within the trackers' maximum age (or beyond their maximum in flight)."""
@@ -287,6 +338,7 @@ class VLLMAdapter:
             if pending[oldest].added >= horizon and len(pending) <= self._max_pending:
                 break
             del pending[oldest]
+            self._remote_decode.discard(oldest)
             self._child_gone(oldest, now)
         self._added += 1
         in_flight = sum(getattr(t, "in_flight", 0) for t in self._trackers.values())
@@ -296,6 +348,8 @@ class VLLMAdapter:
             gone = [rid for rid, tracker in self._live.items() if rid not in tracker]
             for rid in gone:
                 del self._live[rid]
+                self._remote_decode.discard(rid)
+                self._handing_off.discard(rid)
                 self._child_gone(rid, now)
 
     def _child_gone(self, request_id: str, ts: float) -> None:
@@ -382,6 +436,9 @@ class VLLMAdapter:
 
     def _finish(self, request_id: str, reason: str, ts: float, error: str | None) -> None:
         tracker = self._live.pop(request_id)
+        if self._remote_decode:
+            self._remote_decode.discard(request_id)
+            self._handing_off.discard(request_id)
         tracker.finished(request_id, reason=reason, ts=ts, error=error)
         self._child_gone(request_id, ts)
 

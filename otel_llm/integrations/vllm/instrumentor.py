@@ -92,7 +92,7 @@ class VLLMInstrumentor:
     _patch: ClassVar[Patch | None] = None
     _waiting: ClassVar[object | None] = None  # the import hook while vLLM is not imported yet
     _tracker: ClassVar[Any] = None
-    _trackers: ClassVar[dict[tuple[str | None, str], Any]] = {}
+    _trackers: ClassVar[dict[tuple[str | None, str, str], Any]] = {}  # (model, operation, role)
     _tracker_options: ClassVar[dict[str, Any]] = {}
     _adapters: ClassVar[weakref.WeakKeyDictionary[Any, VLLMAdapter]] = weakref.WeakKeyDictionary()
     _schedulers: ClassVar[weakref.WeakSet[Any]] = weakref.WeakSet()  # engine cores in this process
@@ -154,11 +154,26 @@ class VLLMInstrumentor:
         return adapter
 
     @classmethod
-    def _tracker_for(cls, model: str | None, operation: str) -> Any:
-        """The tracker for one served model and endpoint, built where the first such request arrives."""
+    def _tracker_for(cls, model: str | None, operation: str, role: str = sc.ROLE_BOTH) -> Any:
+        """The tracker for one served model, endpoint and disaggregated role, built where the first such
+        request arrives.
+
+        The role is the request's (its ``kv_transfer_params``), so a ``kv_both`` instance that serves
+        prefill-only, decode-only and plain requests has up to three trackers per model and endpoint:
+        ``llm.role`` is a tracker-wide attribute of every span and metric point (low-cardinality, like
+        the model), and a tracker's role decides what ``queued`` does with a carrier and how a request
+        ends, so a role per request would have to change the tracker's API and hot path."""
         if cls._tracker is not None:
+            if role != sc.ROLE_BOTH and getattr(cls._tracker, "role", sc.ROLE_BOTH) != role:
+                _warn_once(
+                    "otel_llm: vLLM serves %s requests of disaggregated prefill/decode (kv_transfer_params), "
+                    "but the tracker given to instrument() has role %r: their traces are not joined across "
+                    "the two instances. Let instrument() build the trackers, or give one of that role.",
+                    role,
+                    getattr(cls._tracker, "role", None),
+                )
             return cls._tracker
-        key = (model, operation)
+        key = (model, operation, role)
         tracker = cls._trackers.get(key)
         if tracker is None:
             with cls._lock:
@@ -170,6 +185,7 @@ class VLLMInstrumentor:
                     _configure_if_asked(options)
                     options.setdefault("model", model)
                     options.setdefault("operation_name", operation)
+                    options["role"] = role  # the request's part decides, not an instance-wide option
                     options["span_hook"] = _client_request_id(options.get("span_hook"))
                     tracker = cls._trackers[key] = RequestTracker(**options)
         return tracker
