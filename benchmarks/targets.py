@@ -172,10 +172,12 @@ def judge(measures: Sequence[Measure]) -> list[Verdict]:
             m.ours <= 0.01,
             f"{m.ours * 100:.1f} % of steps per second{per_step}{noise}",
             (
-                "almost all of the tracker's cost is finished(): each request's spans and metrics are "
-                "built on the engine's thread when it ends (section 2), and this tiny CPU model's steps "
-                "take only a few milliseconds while short requests finish at one or two per step; the "
-                "per-token hook cost is a few microseconds per step"
+                "most of the tracker's cost is finished(): each request's spans and metrics are built "
+                "on the engine's thread when it ends (section 2), and this tiny CPU model's steps take "
+                "only a few milliseconds while short requests finish at one or two per step; tokens() "
+                "adds about 1 µs per request-token in the engine's loop (section 7), some 70 µs per step "
+                "of 64; the difference in steps per second is also noisier than the effect (section 7 "
+                "times the hooks themselves)"
             ),
         )
 
@@ -189,26 +191,29 @@ def judge(measures: Sequence[Measure]) -> list[Verdict]:
         def check(m: Measure) -> tuple[bool, str, str]:
             what = f"tail 5 % + preempted + slow, {workload}"
             wall = _find(measures, f"engine steps per second lost, {what}")
-            share = _find(measures, f"share of the engine's run time spent in the tracker's hooks, {what}")
+            cpu = _find(measures, f"engine steps per CPU second of the engine thread lost, {what}")
             steps = _find(measures, f"engine steps per second, {what}")
-            measured = f"{m.ours * 100:.1f} % of steps per CPU second of the engine thread"
-            if wall is not None:
-                measured += f"; {wall.ours * 100:.1f} % of steps per wall-clock second"
-            if share is not None:
-                measured += f"; {share.ours * 100:.1f} % of the run inside the tracker's hooks"
+            measured = f"{m.ours * 100:.1f} % of the run inside the tracker's hooks"
+            if m.spread is not None:
+                measured += f" ({m.spread[0] * 100:.1f} – {m.spread[1] * 100:.1f} %)"
             if steps is not None and steps.note:
-                measured += f" ({steps.note.split(', ')[2]})"  # the preemptions and spans per run
-            if m.ours < 0:
-                measured += "; faster with the tracker: the runs' noise is larger than its cost"
+                measured += f", {steps.note.split(', ')[2]}"  # the preemptions and spans per run
+            if cpu is not None and wall is not None:
+                measured += (
+                    f"; steps lost: {cpu.ours * 100:.1f} % per CPU second of the engine thread, "
+                    f"{wall.ours * 100:.1f} % per wall-clock second"
+                )
             why = (
-                "judged on the engine thread's CPU time, which leaves out the time the process waited "
-                "for a core (the wall-clock figure moves by more than the effect on shared cores); "
-                "tail sampling keeps every preempted request, so what a pool that preempts a third of "
-                "the requests keeps is mostly preempted ones, each costing its spans (section 2); what "
-                "every request pays (queued, tokens, finished's metrics) is a few microseconds each, "
-                "and these 24-token requests finish at about two per 4 ms step"
+                "judged on the time measured inside the hooks, a floor of the cost (the differences in "
+                "steps per second swing by more than the effect between runs of the same variant, and "
+                "can come out negative); what every request pays is most of it: tokens() touches each "
+                "request of the step (about 1 µs per request-token in the engine's loop, 50-100 ns in "
+                "a tight loop), and queued / finished's metrics cost microseconds per request while "
+                "these 24-token requests finish at about two per 4 ms step; a kept request adds its "
+                "spans (section 2), and the stress pool's preempted third is all kept"
             )
-            return m.ours <= 0.01, measured, why
+            met = m.ours <= 0.01 and (cpu is None or cpu.ours <= 0.01)
+            return met, measured, why
 
         return check
 
@@ -216,7 +221,8 @@ def judge(measures: Sequence[Measure]) -> list[Verdict]:
         add(
             f"Tail sampling 5 % + preempted + slow, reference engine at batch 64, {workload}: at most "
             "1 % of steps per second lost",
-            f"engine steps per CPU second of the engine thread lost, tail 5 % + preempted + slow, {workload}",
+            "share of the engine's run time spent in the tracker's hooks, tail 5 % + preempted + slow, "
+            + workload,
             tail(workload),
         )
 
