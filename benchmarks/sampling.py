@@ -225,12 +225,35 @@ def _finish_costs(quick: bool, rounds: int) -> list[Measure]:
             bare.finished(i)
         return perf_ns() - start, batch
 
+    # What a kept request adds to today's finish is the decision itself: timed where it runs, since the
+    # medians of two whole finishes differ by more than that from run to run.
+    sampler = trackers["on, kept"]._tail
+    decided = [0, 0]  # calls, ns
+    keep = sampler.keep  # type: ignore[union-attr]
+
+    def timed_keep(*args: Any) -> bool:
+        start = perf_ns()
+        try:
+            return keep(*args)
+        finally:
+            decided[0] += 1
+            decided[1] += perf_ns() - start
+
+    sampler.keep = timed_keep  # type: ignore[union-attr]
     t = compare(
         {**{name: finishing(tr) for name, tr in trackers.items()}, "bare SDK spans": bare_sdk}, rounds
     )
     providers.shutdown()
     bare_p.shutdown()
-    return [
+    decision = Measure(
+        "sampling",
+        "tail-sampling decision of a kept request (all a kept request adds to finished())",
+        "ns",
+        decided[1] / decided[0],
+        {"finished(), tail sampling off": t["off"].median_ns},
+        note="timed inside finished(), mean over every call",
+    )
+    return [decision] + [
         Measure(
             "sampling",
             f"finished(), {tokens} output tokens, tail sampling {name}",
