@@ -114,6 +114,7 @@ class AsyncLLMEngine:
         self._streams: dict[str, asyncio.Queue[_Item]] = {}
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
+        self._closing = False  # aclose() was called: the loop stops at its next turn
         self._ids = itertools.count()
 
     async def submit(
@@ -190,12 +191,21 @@ class AsyncLLMEngine:
         return "".join([text async for text in self.stream(prompt, max_tokens, **kwargs)])
 
     async def aclose(self) -> None:
-        """Stop the step loop; unfinished requests stay in the engine."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        """Stop the step loop after its current step; unfinished requests stay in the engine.
+
+        Operations already handed to the loop (aborts from ``end_open()``, a hung-up stream) are applied
+        first: cancelling the loop mid-step used to drop them, so an aborted request never finished and
+        its trace was lost at shutdown. The wait is at most one engine step."""
+        task = self._task
+        if task is not None:
+            self._closing = True
+            if self._wakeup is not None:
+                self._wakeup.set()
+            with contextlib.suppress(asyncio.CancelledError, Exception):  # the loop's error went to readers
+                await task
             self._task = None
+            self._closing = False  # a later submit() starts a new loop, as before
+        self._apply_pending()  # the loop is gone: nothing steps the engine concurrently
 
     def end_open(self, exc: BaseException) -> None:
         """End every open stream with ``exc`` (its reader gets it) and abort its request in the engine."""
@@ -221,6 +231,8 @@ class AsyncLLMEngine:
         engine = self.engine
         while True:
             self._apply_pending()
+            if self._closing:
+                return
             if not engine.has_unfinished():
                 self._wakeup.clear()
                 await self._wakeup.wait()
