@@ -108,8 +108,8 @@ def random_bits(bits: int) -> int:
 
 
 def new_trace_id() -> int:
-    """128 random bits, never zero (W3C: all-zero ids are invalid); for tracers that have no SDK
-    ``id_generator`` (spans are not built there, only ``traceparent()`` needs an id)."""
+    """128 random bits, never zero (W3C: all-zero ids are invalid): the ids of configure()'s provider,
+    and of tracers that have no SDK ``id_generator`` (only ``traceparent()`` needs an id there)."""
     return random_bits(128) or 1
 
 

@@ -39,7 +39,6 @@ from opentelemetry.sdk.resources import SERVICE_NAME, OTELResourceDetector, Reso
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
-from opentelemetry.trace import INVALID_SPAN_ID, INVALID_TRACE_ID
 
 from otel_llm.export import otlp
 from otel_llm.export.counting import (
@@ -50,7 +49,7 @@ from otel_llm.export.counting import (
 )
 from otel_llm.export.otlp_json import OtlpJsonMetricExporter, OtlpJsonSpanExporter
 from otel_llm.export.telemetry import Telemetry
-from otel_llm.identity import random_bits
+from otel_llm.identity import new_span_id, new_trace_id
 
 __all__ = ["Telemetry", "configure"]
 
@@ -247,13 +246,7 @@ class _IdGenerator(RandomIdGenerator):
     that processes seeded alike would otherwise draw the same trace and span ids."""
 
     def generate_span_id(self) -> int:
-        span_id = random_bits(64)
-        while span_id == INVALID_SPAN_ID:
-            span_id = random_bits(64)
-        return span_id
+        return new_span_id()
 
     def generate_trace_id(self) -> int:
-        trace_id = random_bits(128)
-        while trace_id == INVALID_TRACE_ID:
-            trace_id = random_bits(128)
-        return trace_id
+        return new_trace_id()
