@@ -54,19 +54,27 @@ class OtlpSizeExporter(SpanExporter):
 
 
 # The engine's KV pool decides how many requests are preempted, and tail sampling keeps every preempted
-# one, so the same 96 requests run twice: with the stress pool of section 5 (about a third preempted)
-# and with a pool where a few are (the rate a provisioned deployment sees).
-WORKLOADS = {"stress pool (160 KV blocks)": 160, "pool with few preemptions (220 KV blocks)": 220}
+# one, so the same 96 requests of 24 tokens run twice: with the stress pool of section 5 (about a third
+# preempted) and with a pool where a few are (the rate a provisioned deployment sees). What every request
+# pays (its queued / finished, a kept one's spans) is spread over its tokens, so a third run has requests
+# of 128 tokens, nearer what chat serving produces, again with a few preempted.
+# name -> (KV blocks of 16 tokens, output tokens per request)
+WORKLOADS = {
+    "stress pool (160 KV blocks)": (160, 24),
+    "pool with few preemptions (220 KV blocks)": (220, 24),
+    "128-token requests, pool with few preemptions (600 KV blocks)": (600, 128),
+}
+TIMING_COST = "share of the engine's run time that timing the hooks costs"
 HOOKS = ("queued", "scheduled", "tokens", "preempted", "finished", "engine_state")
 
 
 class TimedHooks:
     """Forwards to a RequestTracker and adds up the perf_counter time spent inside its engine hooks.
 
-    Used in separate runs from the steps-per-second ones (the forwarding itself costs a little, and is
-    counted in, so the share it gives errs high)."""
+    Used in separate runs from the steps-per-second ones. The forwarding and timing cost a little and
+    are counted in, so the share it gives errs high; ``NullHooks`` timed the same way measures how much."""
 
-    def __init__(self, tracker: RequestTracker) -> None:
+    def __init__(self, tracker: Any) -> None:
         self._tracker = tracker
         self.seconds = 0.0
         self.by_hook: dict[str, float] = dict.fromkeys(HOOKS, 0.0)
@@ -92,15 +100,36 @@ class TimedHooks:
         return getattr(self._tracker, name)
 
 
+class NullHooks:
+    """Engine hooks that do nothing: under TimedHooks, the timing's own share of a run."""
+
+    def queued(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    scheduled = tokens = preempted = finished = engine_state = queued
+
+    def traceparent(self, request_id: Any) -> None:
+        return None
+
+
+def _split(shares: dict[str, list[float]]) -> str:
+    """The median share of the run inside each hook, largest first."""
+    parts = sorted(((statistics.median(v), hook) for hook, v in shares.items() if v), reverse=True)
+    inside = ", ".join(f"{hook} {share * 100:.2f} %" for share, hook in parts if share >= 0.00005)
+    return f"inside each hook: {inside}; queued runs before the run's clock starts and is counted in"
+
+
 def _engine_rates(quick: bool, rounds: int) -> list[Measure]:
     providers = discarding_providers()
-    requests, max_tokens = (8, 4) if quick else (96, 24)
+    requests = 8 if quick else 96
     rounds = rounds if quick else 3 * rounds  # 0.2 s runs whose spread is +-20 % on shared cores
-    one_run(None, requests, max_tokens)  # warm-up
+    one_run(None, requests, 4 if quick else 24)  # warm-up
     variants: dict[str, Any] = {"without the tracker": None, **SETTINGS}
     wall: dict[tuple[str, str], list[float]] = {}
     cpu: dict[tuple[str, str], list[float]] = {}
     share: dict[tuple[str, str], list[float]] = {}
+    by_hook: dict[tuple[str, str], dict[str, list[float]]] = {}
+    wrapper: dict[str, list[float]] = {}  # the timing's own share of a run, per workload
     per_token: list[float] = []  # tokens() per request id, inside the engine's loop (ns)
     spans: dict[tuple[str, str], int] = {}
     preemptions: dict[str, int] = {}
@@ -115,7 +144,8 @@ def _engine_rates(quick: bool, rounds: int) -> list[Measure]:
         )
 
     for _ in range(rounds):
-        for workload, blocks in WORKLOADS.items():
+        for workload, (blocks, max_tokens) in WORKLOADS.items():
+            max_tokens = min(max_tokens, 4) if quick else max_tokens
             for name, setting in variants.items():
                 key = (workload, name)
                 before = providers.exporter.count
@@ -128,10 +158,18 @@ def _engine_rates(quick: bool, rounds: int) -> list[Measure]:
                     timed = TimedHooks(tracker_for(setting))
                     run = one_run(timed, requests, max_tokens, blocks)
                     share.setdefault(key, []).append(timed.seconds / run.seconds)
-                    per_token.append(timed.by_hook["tokens"] / timed.request_tokens * 1e9)
+                    hooks = by_hook.setdefault(key, {hook: [] for hook in HOOKS})
+                    for hook, seconds in timed.by_hook.items():
+                        hooks[hook].append(seconds / run.seconds)
+                    if WORKLOADS[workload][1] == 24:  # the figure compared with section 1's tight loop
+                        per_token.append(timed.by_hook["tokens"] / timed.request_tokens * 1e9)
+            null = TimedHooks(NullHooks())
+            run = one_run(null, requests, max_tokens, blocks)
+            wrapper.setdefault(workload, []).append(null.seconds / run.seconds)
     providers.shutdown()
     out = []
-    for workload in WORKLOADS:
+    for workload, (_, max_tokens) in WORKLOADS.items():
+        max_tokens = min(max_tokens, 4) if quick else max_tokens
         without = wall[(workload, "without the tracker")]
         without_cpu = statistics.median(cpu[(workload, "without the tracker")])
         for name in SETTINGS:
@@ -170,17 +208,30 @@ def _engine_rates(quick: bool, rounds: int) -> list[Measure]:
                     "fraction",
                     statistics.median(share[key]),
                     spread=(min(share[key]), max(share[key])),
+                    note=_split(by_hook[key]),
                 ),
             ]
+        out.append(
+            Measure(
+                "sampling",
+                f"{TIMING_COST}, {workload}",
+                "fraction",
+                statistics.median(wrapper[workload]),
+                spread=(min(wrapper[workload]), max(wrapper[workload])),
+                note="no-op hooks timed the same way: counted in the shares above",
+            )
+        )
     out.append(
         Measure(
             "sampling",
-            "tokens() per request-token inside the engine's loop (section 1 times it in a tight loop)",
+            "tokens() per request-token inside the engine's loop, 24-token requests (section 1 times it in "
+            "a tight loop)",
             "ns",
             statistics.median(per_token),
             spread=(min(per_token), max(per_token)),
-            note="the likely difference: between steps the model's work evicts the tracker's data from the "
-            "CPU caches, which a tight loop keeps warm",
+            note="mean over every call, steady batches included (they cost one step whatever their size); "
+            "between steps the model's work evicts the tracker's data from the CPU caches, which a tight "
+            "loop keeps warm",
         )
     )
     return out

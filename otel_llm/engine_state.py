@@ -22,7 +22,6 @@ exported from the first call that reports it on. The histogram is a ``BucketHist
 from __future__ import annotations
 
 import math
-import threading
 from typing import Any
 
 from otel_llm import semconv as sc
@@ -49,11 +48,10 @@ def count(name: str, value: Any) -> int:
 
 
 class EngineState:
-    """The latest gauges and the counter totals of one tracker's engine (one lock of its own)."""
+    """The latest gauges and the counter totals of one tracker's engine, under its metrics' lock."""
 
     def __init__(self, metrics: RequestMetrics) -> None:
         self._metrics = metrics
-        self._lock = threading.Lock()
         self.kv_cache_usage: float | None = None
         self.running: int | None = None
         self.waiting: int | None = None
@@ -112,7 +110,11 @@ class EngineState:
                 drafted = count("spec_drafted_tokens", drafted)
             if accepted.__class__ is not int or accepted < 0:
                 accepted = count("spec_accepted_tokens", accepted)
-        with self._lock:
+        metrics = self._metrics
+        # One lock for the numbers and the step histogram: the metrics' own, which a forked child renews.
+        with metrics.lock:
+            if step_tokens is not None:
+                metrics.step_tokens.add(step_tokens, None)
             if kv is not None:
                 self.kv_cache_usage = kv
             if running is not None:
@@ -124,8 +126,6 @@ class EngineState:
                 for (arg, _, _), n in zip(_COUNTERS, (queries, hits, drafted, accepted), strict=True):
                     if n:
                         totals[arg] = (totals[arg] or 0) + n
-        if step_tokens is not None:
-            self._metrics.record_step_tokens(step_tokens)
         return kv, step_tokens
 
     def _observe_usage(self) -> list[tuple[float, dict[str, Any]]]:

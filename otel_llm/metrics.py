@@ -257,10 +257,10 @@ class RequestMetrics:
             self._provider, self._observer, name, unit, description, callback, counter=counter, gauge=gauge
         )
 
-    def record_step_tokens(self, tokens: float) -> None:
-        """One sample of ``llm.server.step.tokens`` (tokens fed to the model in one engine step)."""
-        with self._lock:
-            self.step_tokens.add(tokens, None)
+    @property
+    def lock(self) -> threading.Lock:
+        """The lock that guards every recorder (and the engine state); a new one after a fork."""
+        return self._lock
 
     def renew_lock(self, itl_lock: threading.Lock) -> None:
         """Fresh locks for every recorder (a forked child must not inherit a held one)."""

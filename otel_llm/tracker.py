@@ -181,6 +181,9 @@ class RequestTracker:
         self._inflight: dict[Any, Timeline] = {}
         self._states = [0, 0, 0]  # requests in flight by state: WAITING, RUNNING, PREEMPTED
         self._prev_step = _NO_STEP  # the previous tokens() call
+        # The request ids of the previous tokens() call (a copy) while every one of them points at
+        # _prev_step and nothing else does; None when that does not hold (see tokens()).
+        self._batch: list[Any] | tuple[Any, ...] | None = None
         self._anomalies = an.AnomalyCounter()
         self._evicted = 0
         self._spans = SpanBuilder(tracer_provider, base, time.time_ns() - time.monotonic_ns(), detail)
@@ -325,6 +328,18 @@ class RequestTracker:
         ts = self._timestamp(ts)
         with self._lock:
             prev = self._prev_step
+            if counts is None and request_ids == self._batch and ts >= prev.ts:
+                # The same batch as the previous step, each of its requests still on that step and no
+                # other request on it: moving the shared Step forward gives every one of them its token
+                # (count and latest token are derived from it), so a steady batch costs the same at any size.
+                gap = ts - prev.ts
+                prev.ts = ts
+                prev.index += 1
+                if self._step_log is not None:
+                    self._step_log.add(ts, prev.index, len(request_ids))
+                if request_ids:
+                    self._itl.add(gap, len(request_ids))
+                return
             if ts < prev.ts:
                 prev = _NO_STEP  # a step out of order: every request takes the checked path
             step = self._prev_step = Step(ts, self._prev_step.index + 1)
@@ -333,7 +348,7 @@ class RequestTracker:
             get = self._inflight.get
             # Requests whose previous token came in the previous step share one gap; only the others are
             # counted, so the common case costs a lookup, an identity check and one write per request.
-            checked = 0
+            checked = apart = 0  # apart: requests not left on the shared step (see _tokens_checked)
             if counts is None:
                 for rid in request_ids:
                     tl = get(rid)
@@ -341,7 +356,7 @@ class RequestTracker:
                         tl.step = step
                     else:
                         checked += 1
-                        self._tokens_checked(rid, tl, step, 1)
+                        apart += self._tokens_checked(rid, tl, step, 1)
             else:
                 if isinstance(counts, (str, bytes)) or not isinstance(counts, Sequence):
                     raise TypeError(
@@ -356,10 +371,14 @@ class RequestTracker:
                         tl.token_base += n - 1  # moving to the next step counts one
                     else:
                         checked += 1
-                        self._tokens_checked(rid, tl, step, n)
+                        apart += self._tokens_checked(rid, tl, step, n)
             shared = len(request_ids) - checked
             if shared:
                 self._itl.add(ts - prev.ts, shared)
+            if apart:
+                self._batch = None
+            else:  # a copy of a list: an engine may reuse and change its list in place between steps
+                self._batch = request_ids.copy() if request_ids.__class__ is list else request_ids
         if self._anomalies.unlogged:
             self._anomalies.log_pending()
 
@@ -441,6 +460,7 @@ class RequestTracker:
                     self._anomalies.note(an.PREEMPTION_SPANS_CAPPED, rid)
                 tl.token_base = tl.output_tokens
                 tl.step = None
+                self._batch = None
                 tl.last_event = at
                 tl.state = PREEMPTED
                 self._states[RUNNING] -= 1
@@ -465,6 +485,7 @@ class RequestTracker:
         with self._lock:
             tl = self._inflight.pop(request_id, None)
             done = None
+            self._batch = None  # its Step must not move on: its count and latest token are read from it
             if tl is None:
                 self._anomalies.note(an.UNKNOWN_REQUEST, request_id)
             else:
@@ -487,6 +508,7 @@ class RequestTracker:
         with self._lock:
             tl = self._inflight.pop(request_id, None)
             done = None
+            self._batch = None  # its Step must not move on: its count and latest token are read from it
             if tl is None:
                 self._anomalies.note(an.UNKNOWN_REQUEST, request_id)
             else:
@@ -616,16 +638,22 @@ class RequestTracker:
         tl.state = RUNNING
         tl.last_event = ts
 
-    def _tokens_checked(self, rid: Any, tl: Timeline | None, step: Step, n: Any) -> None:
-        """A tokens event that is not the plain continuation of the previous step."""
+    def _tokens_checked(self, rid: Any, tl: Timeline | None, step: Step, n: Any) -> int:
+        """A tokens event that is not the plain continuation of the previous step.
+
+        Returns 1 when the request is not left on ``step`` with one token per step from here (unknown,
+        a bad count, a clamped timestamp, or listed twice in one call), else 0: the next call can only
+        advance the whole batch at once when every request of it is on the shared step."""
         if tl is None:
             self._anomalies.note(an.UNKNOWN_REQUEST, rid)
-            return
+            return 1
         if n.__class__ is not int or n <= 0:
             self._anomalies.note(an.BAD_TOKEN_COUNT, rid)
-            return
+            return 1
+        apart = 1 if tl.step is step else 0  # listed twice in this call
         ts = self._clamp(tl, step.ts)
         if ts != step.ts:
+            apart = 1
             step = Step(ts, step.index)  # this request's own step: the next one takes this path again
         if tl.state != RUNNING:
             self._anomalies.note(an.TOKENS_BEFORE_SCHEDULED, rid)
@@ -642,6 +670,7 @@ class RequestTracker:
         tl.step = step
         tl.token_base = tokens - step.index
         tl.last_event = ts
+        return apart
 
     def _due_evictions(self, now: float, incoming: int) -> list[FinishedRequest]:
         """Pop requests past max_age_s, and the oldest while over max_in_flight (insertion order)."""
@@ -655,6 +684,7 @@ class RequestTracker:
             if tl.queued >= horizon and len(inflight) + incoming <= self.max_in_flight:
                 break
             del inflight[rid]
+            self._batch = None
             self._states[tl.state] -= 1
             self._evicted += 1
             out.append(FinishedRequest(tl, max(now, tl.last_event), sc.REASON_EVICTED, None))

@@ -16,7 +16,7 @@ from pathlib import Path
 from benchmarks.report import OPTIONAL, SECTIONS
 
 ROOT = Path(__file__).resolve().parent.parent
-TARGETS = 13  # the issues' targets as rows of the targets table (memory twice, tail sampling per KV pool)
+TARGETS = 14  # the issues' targets as rows of the targets table (memory twice, tail sampling per workload)
 
 
 def test_quick_mode_reports_every_section_with_finite_numbers(tmp_path: Path) -> None:

@@ -234,7 +234,9 @@ class VLLMAdapter:
                 batch[0].append(request_id)
                 batch[1].append(produced)
         for tracker, (request_ids, counts) in batches.items():
-            tracker.tokens(request_ids, ts=batch_ts, counts=counts)
+            # One token each (no speculative decoding) goes without counts: the tracker's fast path.
+            one_each = counts.count(1) == len(counts)
+            tracker.tokens(request_ids, ts=batch_ts, counts=None if one_each else counts)
         self._step_tokens += step_tokens
         if self._remote_decode:
             self._hand_off(outputs)
