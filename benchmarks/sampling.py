@@ -202,39 +202,40 @@ def _engine_rates(quick: bool, rounds: int) -> list[Measure]:
                     "fraction",
                     1 - statistics.median(cpu[key]) / without_cpu,
                 ),
-                Measure(
-                    "sampling",
+                _median(
                     f"share of the engine's run time spent in the tracker's hooks, {what}",
                     "fraction",
-                    statistics.median(share[key]),
-                    spread=(min(share[key]), max(share[key])),
-                    note=_split(by_hook[key]),
+                    share[key],
+                    _split(by_hook[key]),
                 ),
             ]
         out.append(
-            Measure(
-                "sampling",
+            _median(
                 f"{TIMING_COST}, {workload}",
                 "fraction",
-                statistics.median(wrapper[workload]),
-                spread=(min(wrapper[workload]), max(wrapper[workload])),
-                note="no-op hooks timed the same way: counted in the shares above",
+                wrapper[workload],
+                "no-op hooks timed the same way: counted in the shares above",
             )
         )
     out.append(
-        Measure(
-            "sampling",
+        _median(
             "tokens() per request-token inside the engine's loop, 24-token requests (section 1 times it in "
             "a tight loop)",
             "ns",
-            statistics.median(per_token),
-            spread=(min(per_token), max(per_token)),
-            note="mean over every call, steady batches included (they cost one step whatever their size); "
+            per_token,
+            "mean over every call, steady batches included (they cost one step whatever their size); "
             "between steps the model's work evicts the tracker's data from the CPU caches, which a tight "
             "loop keeps warm",
         )
     )
     return out
+
+
+def _median(what: str, unit: str, values: list[float], note: str) -> Measure:
+    """The median over the runs, with their spread."""
+    return Measure(
+        "sampling", what, unit, statistics.median(values), spread=(min(values), max(values)), note=note
+    )
 
 
 def _finish_costs(quick: bool, rounds: int) -> list[Measure]:
