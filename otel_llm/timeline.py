@@ -38,6 +38,8 @@ class Step:
 
     Requests that produce a token in consecutive steps only swap which Step they point at; their token
     count is derived from the index difference, so the per-request work of a step is one attribute write.
+    When a call lists exactly the previous call's batch, the tracker moves that Step itself forward
+    (``ts`` and ``index``) instead: every request on it gets its token at once.
     """
 
     __slots__ = ("index", "ts")
