@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from drivers import run_or_fail
 
 from otel_llm import semconv as sc
 
@@ -48,17 +47,12 @@ def engine_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str,
     runs = {}
     for name in RUNS:
         out = tmp_path_factory.mktemp("sglang") / f"{name}.json"
-        proc = subprocess.run(
+        run_or_fail(
             [str(SGLANG_PYTHON), str(HERE / "drive_engine.py"), str(out), name],
-            cwd=out.parent,
-            env=sglang_env(),
-            capture_output=True,
-            text=True,
-            timeout=300,
+            sglang_env(),
+            out.parent,
+            timeout_s=300,
         )
-        if proc.returncode != 0:
-            sys.stderr.write(proc.stdout[-8000:] + proc.stderr[-8000:])
-            pytest.fail(f"drive_engine.py {name} exited {proc.returncode}; its output is above")
         runs.update(json.loads(out.read_text())["scenarios"])
     return runs
 

