@@ -1,11 +1,12 @@
 """Shared for the SGLang tests: one run of drive_engine.py per session, and views of its results.
 
-SGLang and its pinned CPU torch live in their own virtualenv (``tests/sglang/make_env.sh`` builds
+SGLang and its pinned torch live in their own virtualenv (``tests/sglang/make_env.sh`` builds
 ``.venv-sglang``; ``OTEL_LLM_SGLANG_PYTHON`` points at another interpreter, which must have this checkout
 installed, editable, because SGLang finds the plugin through the installed entry points). The engine is
 SGLang's real one; two things in that virtualenv are test stand-ins, and the tests say so: a torch
 ``sgl_kernel.assign_req_to_token_pool_cpu`` (PyPI has only CUDA builds of sgl_kernel) and the torchvision
-operator schemas a CUDA torchvision wheel needs to import (see tests/sglang/standins/).
+operator schemas a CUDA torchvision wheel needs to import on a CPU-only torch (see
+tests/sglang/standins/; on PyPI's default, CUDA-enabled torch it steps aside).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 #
 # SGLang pins a CUDA torch and pulls CUDA-only kernels, so it never goes into the development
 # virtualenv.  We install SGLang without its dependencies and add, pinned, what its engine, scheduler
-# and HTTP server import on a CPU; torch stays at the CPU 2.13.0 build.  Two test stand-ins are wired in
+# and HTTP server import on a CPU; torch stays at 2.13.0 (PyPI's default build, CUDA-enabled, run here on the CPU).  Two test stand-ins are wired in
 # through a .pth file (see tests/sglang/standins/): a torch version of the one sgl_kernel function the
 # CPU path calls, and the torchvision operator schemas that a CUDA torchvision wheel needs to import.
 #
@@ -57,9 +57,10 @@ PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check --quiet)
 "${PIP[@]}" "$TORCH_PIN"
 
 # 2. SGLang without dependencies (with them: CUDA torch and kernels), torchvision likewise (a CUDA
-#    build on PyPI; the stand-in lets it import), triton (SGLang imports it at start-up).
+#    build on PyPI, like torch), triton (SGLang imports it at start-up; 3.7.1 is the version that
+#    torch 2.13.0 itself requires).
 "${PIP[@]}" --no-deps "sglang==$SGLANG_VERSION" torchvision==0.28.0
-"${PIP[@]}" "$TORCH_PIN" triton==3.9.0
+"${PIP[@]}" "$TORCH_PIN" triton==3.7.1
 
 # 3. What SGLang's engine, scheduler and HTTP server import on a CPU, pinned (found by running them).
 "${PIP[@]}" --no-deps "$TORCH_PIN" \

