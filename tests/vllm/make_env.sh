@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the separate virtualenv that the vLLM integration test drives (.venv-vllm at the repo root).
 #
-# vLLM pins its own torch (a CUDA build) and pulls a large dependency tree, so it never goes into the
+# vLLM pins its own torch (2.14.0) and pulls a large dependency tree, so it never goes into the
 # development virtualenv.  We install vLLM without its dependencies and add, pinned, only what its
 # scheduler, output processor and config classes import; torch stays at 2.13.0 (PyPI's default build).
 #
@@ -23,8 +23,9 @@ fi
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 VENV="${OTEL_LLM_VLLM_VENV:-$ROOT/.venv-vllm}"
 PYTHON_BIN="${PYTHON:-python3}"
+# shellcheck source=../venv_tools.sh
+. "$ROOT/tests/venv_tools.sh"  # pip_install, install_torch, TORCH_PIN
 VLLM_VERSION="0.33.0"
-TORCH_PIN="torch==2.13.0"
 
 # The readiness probe: the pinned vLLM is installed, the classes the test drives import, otel_llm imports
 # with its vLLM plugin registered.
@@ -49,17 +50,16 @@ fi
 
 echo "make_env: building $VENV (about 2 GB; a few minutes)"
 [ -x "$VENV/bin/python" ] || "$PYTHON_BIN" -m venv "$VENV"
-PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check --quiet)
 
 # 1. torch first, so nothing below can choose another build.
-"${PIP[@]}" "$TORCH_PIN"
+install_torch
 
-# 2. vLLM itself without dependencies: with them it would replace torch by its CUDA build.
-"${PIP[@]}" --no-deps "vllm==$VLLM_VERSION"
+# 2. vLLM itself without dependencies: with them it would replace torch 2.13.0 by the 2.14.0 it pins.
+pip_install --no-deps "vllm==$VLLM_VERSION"
 
 # 3. What vLLM's Python code imports on the scheduler / output-processor / config path.
 #    torch is repeated so that the resolver keeps it where it is.
-"${PIP[@]}" "$TORCH_PIN" \
+pip_install "$TORCH_PIN" \
     packaging==26.4 numpy==2.4.6 pydantic==2.14.4 regex==2026.11.19 cbor2==6.3.0 \
     psutil==7.2.2 pyzmq==27.3.0 urllib3==2.8.0 transformers==5.20.2 aiohttp==3.14.5 \
     requests==2.34.2 openai-harmony==0.0.8 openai==3.57.0 pillow==13.0.0 pybase64==1.5.1 \
@@ -68,16 +68,16 @@ PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check --quiet)
     llguidance==1.7.6 einops==0.8.2
 
 # 4. Structured-output packages without dependencies (xgrammar's would pull triton, about 1 GB).
-"${PIP[@]}" --no-deps xgrammar==0.2.8 apache-tvm-ffi==0.1.11
+pip_install --no-deps xgrammar==0.2.8 apache-tvm-ffi==0.1.11
 
 # 5. OpenTelemetry at the same versions as the development environment, then otel_llm itself.
-"${PIP[@]}" "$TORCH_PIN" \
+pip_install "$TORCH_PIN" \
     opentelemetry-api==1.45.2 opentelemetry-sdk==1.45.2 opentelemetry-semantic-conventions==0.66b2 \
     opentelemetry-proto==1.45.2 opentelemetry-exporter-otlp==1.45.2 \
     opentelemetry-exporter-otlp-proto-http==1.45.2 opentelemetry-exporter-otlp-proto-grpc==1.45.2 \
     opentelemetry-exporter-otlp-proto-common==1.45.2 protobuf==7.36.2 grpcio==1.85.3 \
     googleapis-common-protos==1.76.0
-"${PIP[@]}" --no-deps --no-build-isolation -e "$ROOT"
+pip_install --no-deps --no-build-isolation -e "$ROOT"
 
 if ! probe; then
     echo "make_env: $VENV was built but does not import vllm==$VLLM_VERSION and otel_llm" >&2
