@@ -13,6 +13,8 @@ ROOT="$(cd "$HERE/../.." && pwd)"
 VENV="${OTEL_LLM_MIN_VENV:-$ROOT/.venv-min}"
 PYTHON_BIN="${PYTHON:-python3}"
 CONSTRAINTS="$HERE/constraints.txt"
+# shellcheck source=../venv_tools.sh
+. "$ROOT/tests/venv_tools.sh"  # pip_install
 
 probe() {
     (cd / && "$VENV/bin/python" - "$CONSTRAINTS" <<'PY' >/dev/null 2>&1
@@ -37,9 +39,9 @@ fi
 echo "make_env: building $VENV with the declared minimum OpenTelemetry (a minute or two)"
 rm -rf "$VENV"
 "$PYTHON_BIN" -m venv "$VENV"
-"$VENV/bin/pip" install -q --upgrade pip
+pip_install --upgrade pip
 # The test tools, unpinned; OpenTelemetry held at the minimum by the constraints.
-"$VENV/bin/pip" install -q -c "$CONSTRAINTS" -e "$ROOT" \
+pip_install -c "$CONSTRAINTS" -e "$ROOT" \
     pytest hypothesis prometheus_client pyyaml cryptography \
     opentelemetry-distro opentelemetry-exporter-prometheus
 probe || { echo "make_env: $VENV does not import otel_llm at the pinned versions" >&2; exit 1; }
