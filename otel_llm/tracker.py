@@ -83,8 +83,10 @@ def _check_bytes(num_bytes: Any) -> None:
         raise TypeError(f"num_bytes must be a non-negative int count of bytes or None, got {num_bytes!r}")
 
 
-def _batch_off(request_ids: Sequence[Any], ts: float | None = None) -> None:
-    """scheduled/preempted of a tracker whose providers are both no-op."""
+def _batch_off(
+    request_ids: Sequence[Any], ts: float | None = None, cached_tokens: Sequence[int] | None = None
+) -> None:
+    """scheduled/preempted of a tracker whose providers are both no-op (``cached_tokens``: scheduled's)."""
     _check_ids(request_ids)
 
 
