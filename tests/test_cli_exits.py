@@ -238,6 +238,56 @@ def test_streams_still_open_after_the_graceful_timeout_end_cleanly(tmp_path: Pat
     assert took < 1 + budget_s + 1 + SLACK_S, f"SIGTERM with open streams took {took:.1f} s"
 
 
+def quiet(stderr: str) -> None:
+    """The server's log has no traceback and no ASGI exception: each event below is a normal one."""
+    assert "Traceback" not in stderr and "Exception in ASGI" not in stderr, stderr
+
+
+def test_a_client_leaving_while_sending_its_body_is_not_an_error(tmp_path: Path) -> None:
+    with server(tmp_path, {"OTEL_SDK_DISABLED": "true"}) as (proc, port):
+        sock = stall_body(port)
+        time.sleep(0.5)  # the handler is reading the body
+        sock.close()
+        time.sleep(0.5)
+        complete(port)  # the server still answers
+        stop(proc)
+    assert proc.stderr is not None
+    quiet(proc.stderr.read())
+
+
+def test_ctrl_c_with_streams_open_stops_without_a_traceback(tmp_path: Path) -> None:
+    with server(tmp_path, {"OTEL_LLM_SHUTDOWN_TIMEOUT": "5"}, "--graceful-timeout", "1") as (proc, port):
+        socks = [open_stream(port, 1000) for _ in range(2)]
+        proc.send_signal(signal.SIGINT)
+        answers = [read_to_end(sock) for sock in socks]
+        proc.wait(60)
+    assert proc.stderr is not None
+    stderr = proc.stderr.read()
+    quiet(stderr)
+    assert proc.returncode == 130, stderr  # the shell's status for Ctrl-C
+    assert all(b'"code":"server_shutting_down"' in a for a in answers), [a[-200:] for a in answers]
+
+
+def test_uploads_stalled_past_the_graceful_timeout_are_answered_and_counted(tmp_path: Path) -> None:
+    with server(tmp_path, {"OTEL_SDK_DISABLED": "true"}, "--graceful-timeout", "1") as (proc, port):
+        socks = [stall_body(port) for _ in range(2)]
+        time.sleep(0.5)  # both handlers are waiting for the rest of their body
+        proc.send_signal(signal.SIGTERM)
+        responses = []
+        for sock in socks:
+            response = http.client.HTTPResponse(sock)
+            response.begin()
+            responses.append((response.status, json.loads(response.read())["error"]["code"]))
+            sock.close()
+        proc.wait(60)
+    assert proc.stderr is not None
+    stderr = proc.stderr.read()
+    quiet(stderr)
+    assert responses == [(503, "server_shutting_down")] * 2, stderr
+    said = [line for line in stderr.splitlines() if "graceful shutdown timeout over" in line]
+    assert len(said) == 1 and "2 still sending" in said[0], stderr
+
+
 EXAMPLES = ROOT / "examples"
 
 
