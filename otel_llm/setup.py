@@ -103,7 +103,7 @@ def configure(
     SDK as usual.
     """
     global _global_telemetry
-    timeout_s = _shutdown_timeout(shutdown_timeout_s)
+    timeout_s = shutdown_timeout(shutdown_timeout_s)
     with _global_lock:
         if set_global and _global_telemetry is not None and not _global_telemetry.is_shutdown:
             _logger.warning(
@@ -198,7 +198,8 @@ def _output_dir(arg: str | os.PathLike[str] | None) -> Path:
     return Path(chosen).expanduser().absolute()
 
 
-def _shutdown_timeout(arg: float | None) -> float:
+def shutdown_timeout(arg: float | None) -> float:
+    """``arg``, else ``OTEL_LLM_SHUTDOWN_TIMEOUT``, else 5 (seconds); ValueError naming the bad one."""
     source, raw = ("shutdown_timeout_s", arg) if arg is not None else (ENV_SHUTDOWN_TIMEOUT, None)
     if arg is None:
         raw = os.environ.get(ENV_SHUTDOWN_TIMEOUT, "").strip() or None

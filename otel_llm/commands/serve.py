@@ -17,11 +17,14 @@ import sys
 
 from otel_llm.commands._common import (
     check_device,
+    check_environment,
     configure_run,
+    delivery_lines,
     destinations,
-    need_torch,
+    need_extras,
     positive_int,
     tcp_port,
+    warn_if_unreachable,
     written_files,
 )
 
@@ -87,15 +90,10 @@ def run(args: argparse.Namespace) -> int:
         if not getattr(args, name) > 0:
             option = "--" + name.replace("_", "-")
             raise SystemExit(f"otel-llm serve: {option} must be a positive number of seconds")
-    need_torch("serve")
-    try:
-        import uvicorn  # noqa: F401  (the serve extra is there)
+    check_environment("serve")
+    need_extras("serve", "torch", "serve")
+    from otel_llm.server import create_app, run_server
 
-        from otel_llm.server import create_app, run_server
-    except ImportError as exc:
-        raise SystemExit(
-            f"otel-llm serve needs fastapi and uvicorn: pip install 'otel-llm[serve]' ({exc})"
-        ) from None
     problem = check_device(args.device)
     if problem is not None:
         raise SystemExit(f"otel-llm serve: {problem}")
@@ -118,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
     telemetry = configure_run("serve", args.output_dir)
     for line in destinations():
         print(f"otel-llm serve: {line}", file=sys.stderr, flush=True)
+    warn_if_unreachable("serve")
     if telemetry.output_dir is not None:
         print(f"otel-llm serve: files: {telemetry.output_dir}", file=sys.stderr, flush=True)
     tracker = otel_llm.RequestTracker(
@@ -139,6 +138,8 @@ def run(args: argparse.Namespace) -> int:
         if not stopped:
             stopped = True
             telemetry.shutdown()
+            for line in delivery_lines(telemetry):
+                print(f"otel-llm serve: {line}", file=sys.stderr, flush=True)
             for path in written_files(telemetry):
                 print(f"otel-llm serve: wrote {path}", file=sys.stderr, flush=True)
 
