@@ -404,11 +404,17 @@ class _TraceOnlyBackend:
 
 
 def test_replay_reports_per_signal_against_a_trace_only_backend(tmp_path: Path) -> None:
-    done, _ = run_example("hook_quickstart.py", tmp_path)  # files to replay
+    done, _ = run_example("hook_quickstart.py", tmp_path)  # files to replay, in the run's own folder
     assert done.returncode == 0, done.stderr
+    (folder,) = (tmp_path / "otel-llm-output").glob("hook-quickstart-*")
     backend = _TraceOnlyBackend()
     try:
-        done, _ = run_example("replay_files.py", tmp_path, OTEL_EXPORTER_OTLP_ENDPOINT=backend.endpoint)
+        done, _ = run_example(
+            "replay_files.py",
+            tmp_path,
+            OTEL_EXPORTER_OTLP_ENDPOINT=backend.endpoint,
+            OTEL_LLM_OUTPUT_DIR=str(folder),
+        )
     finally:
         backend.stop()
     assert done.returncode == 0, done.stdout + done.stderr
