@@ -182,6 +182,42 @@ def test_serve_stops_on_sigterm_within_the_shutdown_budget(kind: str, tmp_path: 
     assert "spans delivered" in stderr and "metric points delivered" in stderr, stderr
 
 
+def test_serve_puts_the_genai_server_attributes_on_spans_and_metrics(tmp_path: Path) -> None:
+    with server(tmp_path, {}) as (proc, port):
+        complete(port)
+        stop(proc)
+    (traces,) = tmp_path.glob("otel-llm-output/serve-*/traces.jsonl")
+    (metrics,) = tmp_path.glob("otel-llm-output/serve-*/metrics.jsonl")
+    want = {"server.port": port, "server.address": "127.0.0.1"}
+
+    def values(attributes: list[dict]) -> dict:
+        return {a["key"]: next(iter(a["value"].values())) for a in attributes}
+
+    roots = [
+        values(span["attributes"])
+        for line in traces.read_text().splitlines()
+        for rs in json.loads(line)["resourceSpans"]
+        for ss in rs["scopeSpans"]
+        for span in ss["spans"]
+        if span["name"] == "llm.request"
+    ]
+    assert len(roots) == 1
+    assert roots[0]["gen_ai.response.model"] == "otel-llm-tiny"
+    assert {k: int(v) if k == "server.port" else v for k, v in roots[0].items() if k in want} == want
+    ttft = [
+        values(point["attributes"])
+        for line in metrics.read_text().splitlines()
+        for rm in json.loads(line)["resourceMetrics"]
+        for sm in rm["scopeMetrics"]
+        for metric in sm["metrics"]
+        if metric["name"] == "gen_ai.server.time_to_first_token"
+        for point in metric["histogram"]["dataPoints"]
+    ]
+    assert ttft, metrics.read_text()[:500]
+    for point in ttft:
+        assert {k: int(v) if k == "server.port" else v for k, v in point.items() if k in want} == want
+
+
 def stall_body(port: int) -> socket.socket:
     """Headers promising 400 body bytes, then 10 of them, then nothing."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=30)

@@ -85,6 +85,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+# Listening on every interface says nothing of the address clients use: server.address is left out then.
+_ANY_ADDRESS = ("", "0.0.0.0", "::", "[::]")
+
+
+def server_attributes(host: str, port: int, model: str) -> dict[str, str | int]:
+    """The GenAI server attributes this server knows for certain: the model every answer names
+    (``gen_ai.response.model``), its port unless one is picked at start-up (``--port 0``), its address
+    unless it listens on all of them."""
+    from otel_llm import semconv as sc
+
+    attributes: dict[str, str | int] = {sc.GEN_AI_RESPONSE_MODEL: model}
+    if port:
+        attributes[sc.SERVER_PORT] = port
+    if host not in _ANY_ADDRESS:
+        attributes[sc.SERVER_ADDRESS] = host
+    return attributes
+
+
 def run(args: argparse.Namespace) -> int:
     for name in ("graceful_timeout", "body_timeout"):
         if not getattr(args, name) > 0:
@@ -123,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
         tracer_provider=telemetry.tracer_provider,
         meter_provider=telemetry.meter_provider,
         model=args.model_name,
+        attributes=server_attributes(args.host, args.port, args.model_name),
     )
     engine = LLMEngine(
         config,
