@@ -112,11 +112,11 @@ def configure(
                 "(the arguments and environment of this call are not applied)"
             )
             return _global_telemetry
-        config_file = os.environ.get(ENV_CONFIG_FILE, "").strip()
-        if config_file and _declarative_support():
+        config_file = declarative_config_file()
+        if config_file is not None:
             telemetry = _from_config_file(config_file, service_name, resource_attributes, timeout_s, views)
         else:
-            if config_file:
+            if os.environ.get(ENV_CONFIG_FILE, "").strip():
                 _logger.warning(
                     "otel_llm: %s is set, but this OpenTelemetry install cannot read it (it needs the "
                     "opentelemetry-configuration package, SDK 1.43 or later); using the OTEL_* variables",
@@ -172,6 +172,13 @@ def _build(
         shutdown_timeout_s=timeout_s,
         drops=drops,
     )
+
+
+def declarative_config_file() -> str | None:
+    """The ``OTEL_CONFIG_FILE`` path that ``configure()`` builds from, or None (unset, or not readable by
+    this OpenTelemetry install: then the ``OTEL_*`` variables are used)."""
+    path = os.environ.get(ENV_CONFIG_FILE, "").strip()
+    return path if path and _declarative_support() else None
 
 
 def _declarative_support() -> bool:

@@ -120,3 +120,25 @@ def test_without_support_it_says_so_in_one_line_and_uses_the_variables(tmp_path:
     said = [line for line in done.stderr.splitlines() if "OTEL_CONFIG_FILE" in line]
     assert len(said) == 1 and "OTEL_* variables" in said[0], done.stderr
     assert "files: " in done.stdout and "otel-llm-output" in done.stdout  # the variables' default
+
+
+def test_the_cli_says_the_file_decides_and_sends_where_it_says(tmp_path: Path) -> None:
+    pytest.importorskip("opentelemetry.configuration.file", reason="the SDK's declarative configuration")
+    pytest.importorskip("torch", reason="the demo runs the reference engine")
+    with HttpReceiver() as receiver:
+        path = tmp_path / "otel.yaml"
+        path.write_text(CONFIG.format(endpoint=receiver.endpoint, ttft=sc.METRIC_TTFT))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+        env.update(OTEL_CONFIG_FILE=str(path), PYTHONPATH=str(ROOT), OTEL_LLM_SHUTDOWN_TIMEOUT="5")
+        done = subprocess.run(
+            [sys.executable, "-m", "otel_llm.cli", "demo", "--requests", "2"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert done.returncode == 0, done.stderr
+        assert f"traces and metrics: where OTEL_CONFIG_FILE={path} says" in done.stdout, done.stdout
+        assert "OTLP" not in done.stdout and "traces.jsonl" not in done.stdout, done.stdout
+        assert sc.SPAN_REQUEST in {span.name for _, span in receiver.collected.spans()}

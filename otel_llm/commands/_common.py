@@ -162,7 +162,11 @@ def configure_run(command: str, output_dir: str | os.PathLike[str] | None) -> An
 def destinations() -> list[str]:
     """Where each signal goes under the current OTEL_* environment, one line each (before it is sent)."""
     from otel_llm.export import otlp
+    from otel_llm.setup import ENV_CONFIG_FILE, declarative_config_file
 
+    config_file = declarative_config_file()
+    if config_file is not None:
+        return [f"traces and metrics: where {ENV_CONFIG_FILE}={config_file} says"]
     lines = []
     for signal in ("traces", "metrics"):
         to = otlp.destination(signal)  # type: ignore[arg-type]
@@ -186,8 +190,11 @@ def delivery_lines(telemetry: Any) -> list[str]:
     """After ``telemetry.shutdown()``: for each signal sent over OTLP, where it went, what was delivered
     and what was lost, and why. One line per signal; the run's last word on its telemetry."""
     from otel_llm.export import otlp
+    from otel_llm.setup import declarative_config_file
 
-    lines = []
+    lines: list[str] = []
+    if declarative_config_file() is not None:  # the file's own pipeline: otel_llm counts nothing there
+        return lines
     for signal, unit in (("traces", "spans"), ("metrics", "metric_points")):
         if otlp.destination(signal) != "otlp":  # type: ignore[arg-type]
             continue
@@ -208,8 +215,11 @@ def delivery_lines(telemetry: Any) -> list[str]:
 def otlp_urls() -> list[str]:
     """The distinct OTLP endpoint URLs the current environment sends to (none for files)."""
     from otel_llm.export import otlp
+    from otel_llm.setup import declarative_config_file
 
-    urls = []
+    urls: list[str] = []
+    if declarative_config_file() is not None:  # the file names its own endpoints
+        return urls
     for signal in ("traces", "metrics"):
         if otlp.destination(signal) == "otlp":  # type: ignore[arg-type]
             url = _endpoint(signal)
