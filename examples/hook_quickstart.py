@@ -1,13 +1,17 @@
 """The five-call hook in a toy scheduler loop: five requests, a KV budget too small, one preemption.
 
 No model and no torch: each "step" sleeps a few milliseconds. With no OTLP endpoint configured, the
-traces and metrics land as OTLP JSON lines in ./otel-llm-output/ (set OTEL_EXPORTER_OTLP_ENDPOINT to send
-them to a collector instead). Run:  python examples/hook_quickstart.py
+traces and metrics land as OTLP JSON lines in a new folder per run,
+./otel-llm-output/hook-quickstart-<date>-<time>-<pid>/ (under $OTEL_LLM_OUTPUT_DIR when set), so the
+same request ids of two runs never mix; set OTEL_EXPORTER_OTLP_ENDPOINT to send them to a collector
+instead. Run:  python examples/hook_quickstart.py
 """
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 import otel_llm
 
@@ -15,8 +19,14 @@ KV_SLOTS = 3  # how many requests fit in the toy KV cache at once
 STEP_S = 0.004  # one engine step
 
 
+def run_folder() -> Path:
+    """This run's own folder for the files: every run uses the ids req-0 ... req-4 again."""
+    base = os.environ.get("OTEL_LLM_OUTPUT_DIR", "").strip() or "otel-llm-output"
+    return Path(base) / time.strftime(f"hook-quickstart-%Y%m%d-%H%M%S-{os.getpid()}")
+
+
 def main() -> None:
-    telemetry = otel_llm.configure(service_name="hook-quickstart")
+    telemetry = otel_llm.configure(service_name="hook-quickstart", output_dir=run_folder())
     tracker = otel_llm.RequestTracker(model="toy-model")
     wants = {f"req-{i}": 4 + 2 * i for i in range(5)}  # output tokens each request wants
     waiting = list(wants)

@@ -94,15 +94,17 @@ class TailSampling:
             return None
         if switch not in ("on", "true", "1"):
             raise ValueError(f"{ENV_TAIL_SAMPLING} must be 'on' or 'off', got {env.get(ENV_TAIL_SAMPLING)!r}")
-        ratio = _env_number(env, ENV_RATIO)
-        try:
-            return cls(
-                ratio=DEFAULT_RATIO if ratio is None else ratio,
-                ttft_s=_env_number(env, ENV_TTFT_S),
-                e2e_s=_env_number(env, ENV_E2E_S),
-            )
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"{ENV_TAIL_SAMPLING}*: {exc}") from None
+        values: dict[str, float] = {}
+        for field, name in (("ratio", ENV_RATIO), ("ttft_s", ENV_TTFT_S), ("e2e_s", ENV_E2E_S)):
+            value = _env_number(env, name)
+            if value is None:
+                continue
+            try:  # each value checked on its own, so the message names its variable
+                cls(**{field: value})
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"{name}: {exc}") from None
+            values[field] = value
+        return cls(**values)
 
 
 def _env_number(env: Any, name: str) -> float | None:

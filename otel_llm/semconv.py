@@ -38,6 +38,10 @@ EVENT_KV_RECEIVED = "llm.kv_received"  # on llm.instance.decode: the KV cache is
 GEN_AI_PROVIDER_NAME = "gen_ai.provider.name"
 GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
 GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
+GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"
+# The GenAI server's own address and port, where the integration knows them (RequestTracker(attributes=)).
+SERVER_ADDRESS = "server.address"
+SERVER_PORT = "server.port"
 GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
 GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
 # Prompt tokens served from the engine's prefix cache (not computed), on llm.request.

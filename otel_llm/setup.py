@@ -58,6 +58,7 @@ _logger = logging.getLogger(__name__)
 ENV_OUTPUT_DIR = "OTEL_LLM_OUTPUT_DIR"
 ENV_SHUTDOWN_TIMEOUT = "OTEL_LLM_SHUTDOWN_TIMEOUT"
 ENV_SDK_DISABLED = "OTEL_SDK_DISABLED"
+ENV_CONFIG_FILE = "OTEL_CONFIG_FILE"  # OpenTelemetry's declarative configuration (YAML)
 DEFAULT_OUTPUT_DIR = "otel-llm-output"
 # Long enough for a final export to a healthy collector, short enough that a stopping engine with an
 # unreachable collector is not held up noticeably.
@@ -103,7 +104,7 @@ def configure(
     SDK as usual.
     """
     global _global_telemetry
-    timeout_s = _shutdown_timeout(shutdown_timeout_s)
+    timeout_s = shutdown_timeout(shutdown_timeout_s)
     with _global_lock:
         if set_global and _global_telemetry is not None and not _global_telemetry.is_shutdown:
             _logger.warning(
@@ -111,7 +112,17 @@ def configure(
                 "(the arguments and environment of this call are not applied)"
             )
             return _global_telemetry
-        telemetry = _build(service_name, output_dir, resource_attributes, timeout_s, views)
+        config_file = declarative_config_file()
+        if config_file is not None:
+            telemetry = _from_config_file(config_file, service_name, resource_attributes, timeout_s, views)
+        else:
+            if os.environ.get(ENV_CONFIG_FILE, "").strip():
+                _logger.warning(
+                    "otel_llm: %s is set, but this OpenTelemetry install cannot read it (it needs the "
+                    "opentelemetry-configuration package, SDK 1.43 or later); using the OTEL_* variables",
+                    ENV_CONFIG_FILE,
+                )
+            telemetry = _build(service_name, output_dir, resource_attributes, timeout_s, views)
         if set_global and _install_global(telemetry):
             _global_telemetry = telemetry
         return telemetry
@@ -163,6 +174,61 @@ def _build(
     )
 
 
+def declarative_config_file() -> str | None:
+    """The ``OTEL_CONFIG_FILE`` path that ``configure()`` builds from, or None (unset, or not readable by
+    this OpenTelemetry install: then the ``OTEL_*`` variables are used)."""
+    path = os.environ.get(ENV_CONFIG_FILE, "").strip()
+    return path if path and _declarative_support() else None
+
+
+def _declarative_support() -> bool:
+    """Whether the SDK's declarative configuration package is installed (and imports)."""
+    try:
+        import opentelemetry.configuration.file  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _from_config_file(
+    path: str,
+    service_name: str | None,
+    resource_attributes: Mapping[str, Any] | None,
+    timeout_s: float,
+    views: Sequence[View],
+) -> Telemetry:
+    """Providers built from the declarative configuration file at ``path``, as opentelemetry-instrument
+    builds them: the file decides exporters, processors, readers, samplers and views, and the ``OTEL_*``
+    exporter variables are not read. Its pipeline is the SDK's own, so ``Telemetry.drops`` and
+    ``delivery()`` count nothing; ``shutdown()`` is still bounded.
+
+    ``service_name`` and ``resource_attributes`` are the fallback under the file's resource.
+    Raises ValueError naming the variable when the file cannot be read or used.
+    """
+    from opentelemetry.configuration.file import (
+        ConfigurationError,
+        create_meter_provider,
+        create_resource,
+        create_tracer_provider,
+        load_config_file,
+    )
+
+    try:
+        config = load_config_file(path)
+        code: dict[str, Any] = dict(resource_attributes or {})
+        if service_name:
+            code[SERVICE_NAME] = service_name
+        resource = Resource(code).merge(create_resource(config.resource))
+        tracer_provider = create_tracer_provider(config.tracer_provider, resource)
+        meter_provider = create_meter_provider(config.meter_provider, resource)
+    except (OSError, ConfigurationError, ValueError) as exc:
+        raise ValueError(f"{ENV_CONFIG_FILE}={path!r}: {exc}") from None
+    if views:
+        _logger.warning("otel_llm.configure(views=...) is not applied: %s sets the views", ENV_CONFIG_FILE)
+    _logger.info("otel_llm: providers built from %s=%s", ENV_CONFIG_FILE, path)
+    return Telemetry(tracer_provider, meter_provider, shutdown_timeout_s=timeout_s)
+
+
 def _span_exporter(to: str, directory: Path | None) -> SpanExporter | None:
     if to == "otlp":
         return otlp.otlp_span_exporter(otlp.protocol("traces"))
@@ -198,7 +264,8 @@ def _output_dir(arg: str | os.PathLike[str] | None) -> Path:
     return Path(chosen).expanduser().absolute()
 
 
-def _shutdown_timeout(arg: float | None) -> float:
+def shutdown_timeout(arg: float | None) -> float:
+    """``arg``, else ``OTEL_LLM_SHUTDOWN_TIMEOUT``, else 5 (seconds); ValueError naming the bad one."""
     source, raw = ("shutdown_timeout_s", arg) if arg is not None else (ENV_SHUTDOWN_TIMEOUT, None)
     if arg is None:
         raw = os.environ.get(ENV_SHUTDOWN_TIMEOUT, "").strip() or None

@@ -83,8 +83,10 @@ def _check_bytes(num_bytes: Any) -> None:
         raise TypeError(f"num_bytes must be a non-negative int count of bytes or None, got {num_bytes!r}")
 
 
-def _batch_off(request_ids: Sequence[Any], ts: float | None = None) -> None:
-    """scheduled/preempted of a tracker whose providers are both no-op."""
+def _batch_off(
+    request_ids: Sequence[Any], ts: float | None = None, cached_tokens: Sequence[int] | None = None
+) -> None:
+    """scheduled/preempted of a tracker whose providers are both no-op (``cached_tokens``: scheduled's)."""
     _check_ids(request_ids)
 
 
@@ -116,6 +118,9 @@ class RequestTracker:
             with ``kv_sent``), ``"decode"`` (continues requests whose ``queued`` carrier is a prefill
             instance's ``handoff_carrier``), or ``"both"`` (the default: the whole request here). A
             role other than ``both`` is the ``llm.role`` attribute of every span and metric point.
+        attributes: more attributes of every span and metric point, for what the integration knows of the
+            server: ``server.address``, ``server.port``, ``gen_ai.response.model`` (the tracker's own
+            attributes, e.g. ``gen_ai.request.model``, are not overridden).
     """
 
     def __init__(
@@ -132,6 +137,7 @@ class RequestTracker:
         tail_sampling: TailSampling | bool | None = None,
         trace_detail: str | None = None,
         role: str = sc.ROLE_BOTH,
+        attributes: Mapping[str, str | int | float | bool] | None = None,
     ) -> None:
         if role not in sc.ROLES:
             raise ValueError(f"role must be one of {', '.join(map(repr, sc.ROLES))}, got {role!r}")
@@ -164,6 +170,10 @@ class RequestTracker:
             base[sc.GEN_AI_REQUEST_MODEL] = model
         if role != sc.ROLE_BOTH:
             base[sc.LLM_ROLE] = role
+        for key, value in (attributes or {}).items():
+            if not isinstance(key, str) or not isinstance(value, (str, int, float, bool)):
+                raise TypeError(f"attributes must map str to str, int, float or bool, got {key!r}: {value!r}")
+            base.setdefault(key, value)  # the tracker's own attributes above keep their values
         self.role = role
         if span_hook is not None and not callable(span_hook):
             raise TypeError(

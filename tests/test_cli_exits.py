@@ -87,8 +87,30 @@ def test_demo_exits_within_the_shutdown_budget(kind: str, tmp_path: Path, demo_b
     assert done.returncode == 0, done.stderr
     extra = took - demo_baseline_s
     assert extra < BUDGET_S + 1 + SLACK_S, f"{kind}: {extra:.1f} s more than with files"
-    # It says where telemetry went, and that not all of it arrived.
-    assert "OTLP" in done.stdout and "not all delivered" in done.stdout
+    # It says once, at the end, where telemetry went, what arrived and what was lost; the exporters
+    # say nothing more once it gave up on them.
+    assert "aborting retry" not in done.stderr and "already shutdown" not in done.stderr, done.stderr
+    summary = [
+        line for line in done.stdout.splitlines() if line.startswith(("traces: OTLP", "metrics: OTLP"))
+    ]
+    assert len(summary) == 2, done.stdout
+    for line in summary:
+        assert " delivered, " in line and (" lost (" in line or "cut off by the shutdown" in line), line
+
+
+def test_a_demo_writing_files_says_how_to_send_them_to_a_collector(tmp_path: Path) -> None:
+    done, _ = run_demo(tmp_path)
+    assert done.returncode == 0, done.stderr
+    hint = [line for line in done.stdout.splitlines() if "OTEL_EXPORTER_OTLP_ENDPOINT=" in line]
+    assert len(hint) == 1 and "Jaeger" in hint[0], done.stdout
+    helped = subprocess.run(
+        [sys.executable, "-m", "otel_llm.cli", "demo", "--help"],
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT=" in helped.stdout and "Jaeger" in helped.stdout, helped.stdout
 
 
 def free_port() -> int:
@@ -152,7 +174,48 @@ def test_serve_stops_on_sigterm_within_the_shutdown_budget(kind: str, tmp_path: 
         took = stop(proc)
     assert took < BUDGET_S + 1 + SLACK_S, f"{kind}: SIGTERM took {took:.1f} s"
     assert proc.stderr is not None
-    assert "traces: OTLP" in proc.stderr.read()  # it said where telemetry goes
+    stderr = proc.stderr.read()
+    assert "traces: OTLP" in stderr  # it said where telemetry goes
+    # At start-up it says when nothing listens there (a black hole accepts connections: no warning) ...
+    assert ("no collector answers at" in stderr) == (kind == "dead"), stderr
+    # ... and at exit what was delivered and what was lost.
+    assert "spans delivered" in stderr and "metric points delivered" in stderr, stderr
+
+
+def test_serve_puts_the_genai_server_attributes_on_spans_and_metrics(tmp_path: Path) -> None:
+    with server(tmp_path, {}) as (proc, port):
+        complete(port)
+        stop(proc)
+    (traces,) = tmp_path.glob("otel-llm-output/serve-*/traces.jsonl")
+    (metrics,) = tmp_path.glob("otel-llm-output/serve-*/metrics.jsonl")
+    want = {"server.port": port, "server.address": "127.0.0.1"}
+
+    def values(attributes: list[dict]) -> dict:
+        return {a["key"]: next(iter(a["value"].values())) for a in attributes}
+
+    roots = [
+        values(span["attributes"])
+        for line in traces.read_text().splitlines()
+        for rs in json.loads(line)["resourceSpans"]
+        for ss in rs["scopeSpans"]
+        for span in ss["spans"]
+        if span["name"] == "llm.request"
+    ]
+    assert len(roots) == 1
+    assert roots[0]["gen_ai.response.model"] == "otel-llm-tiny"
+    assert {k: int(v) if k == "server.port" else v for k, v in roots[0].items() if k in want} == want
+    ttft = [
+        values(point["attributes"])
+        for line in metrics.read_text().splitlines()
+        for rm in json.loads(line)["resourceMetrics"]
+        for sm in rm["scopeMetrics"]
+        for metric in sm["metrics"]
+        if metric["name"] == "gen_ai.server.time_to_first_token"
+        for point in metric["histogram"]["dataPoints"]
+    ]
+    assert ttft, metrics.read_text()[:500]
+    for point in ttft:
+        assert {k: int(v) if k == "server.port" else v for k, v in point.items() if k in want} == want
 
 
 def stall_body(port: int) -> socket.socket:
@@ -236,6 +299,56 @@ def test_streams_still_open_after_the_graceful_timeout_end_cleanly(tmp_path: Pat
     assert len(traces) == 1, stderr
     assert traces[0].read_text().count('"stringValue":"abort"') >= len(cut), stderr
     assert took < 1 + budget_s + 1 + SLACK_S, f"SIGTERM with open streams took {took:.1f} s"
+
+
+def quiet(stderr: str) -> None:
+    """The server's log has no traceback and no ASGI exception: each event below is a normal one."""
+    assert "Traceback" not in stderr and "Exception in ASGI" not in stderr, stderr
+
+
+def test_a_client_leaving_while_sending_its_body_is_not_an_error(tmp_path: Path) -> None:
+    with server(tmp_path, {"OTEL_SDK_DISABLED": "true"}) as (proc, port):
+        sock = stall_body(port)
+        time.sleep(0.5)  # the handler is reading the body
+        sock.close()
+        time.sleep(0.5)
+        complete(port)  # the server still answers
+        stop(proc)
+    assert proc.stderr is not None
+    quiet(proc.stderr.read())
+
+
+def test_ctrl_c_with_streams_open_stops_without_a_traceback(tmp_path: Path) -> None:
+    with server(tmp_path, {"OTEL_LLM_SHUTDOWN_TIMEOUT": "5"}, "--graceful-timeout", "1") as (proc, port):
+        socks = [open_stream(port, 1000) for _ in range(2)]
+        proc.send_signal(signal.SIGINT)
+        answers = [read_to_end(sock) for sock in socks]
+        proc.wait(60)
+    assert proc.stderr is not None
+    stderr = proc.stderr.read()
+    quiet(stderr)
+    assert proc.returncode == 130, stderr  # the shell's status for Ctrl-C
+    assert all(b'"code":"server_shutting_down"' in a for a in answers), [a[-200:] for a in answers]
+
+
+def test_uploads_stalled_past_the_graceful_timeout_are_answered_and_counted(tmp_path: Path) -> None:
+    with server(tmp_path, {"OTEL_SDK_DISABLED": "true"}, "--graceful-timeout", "1") as (proc, port):
+        socks = [stall_body(port) for _ in range(2)]
+        time.sleep(0.5)  # both handlers are waiting for the rest of their body
+        proc.send_signal(signal.SIGTERM)
+        responses = []
+        for sock in socks:
+            response = http.client.HTTPResponse(sock)
+            response.begin()
+            responses.append((response.status, json.loads(response.read())["error"]["code"]))
+            sock.close()
+        proc.wait(60)
+    assert proc.stderr is not None
+    stderr = proc.stderr.read()
+    quiet(stderr)
+    assert responses == [(503, "server_shutting_down")] * 2, stderr
+    said = [line for line in stderr.splitlines() if "graceful shutdown timeout over" in line]
+    assert len(said) == 1 and "2 still sending" in said[0], stderr
 
 
 EXAMPLES = ROOT / "examples"
@@ -327,11 +440,17 @@ class _TraceOnlyBackend:
 
 
 def test_replay_reports_per_signal_against_a_trace_only_backend(tmp_path: Path) -> None:
-    done, _ = run_example("hook_quickstart.py", tmp_path)  # files to replay
+    done, _ = run_example("hook_quickstart.py", tmp_path)  # files to replay, in the run's own folder
     assert done.returncode == 0, done.stderr
+    (folder,) = (tmp_path / "otel-llm-output").glob("hook-quickstart-*")
     backend = _TraceOnlyBackend()
     try:
-        done, _ = run_example("replay_files.py", tmp_path, OTEL_EXPORTER_OTLP_ENDPOINT=backend.endpoint)
+        done, _ = run_example(
+            "replay_files.py",
+            tmp_path,
+            OTEL_EXPORTER_OTLP_ENDPOINT=backend.endpoint,
+            OTEL_LLM_OUTPUT_DIR=str(folder),
+        )
     finally:
         backend.stop()
     assert done.returncode == 0, done.stdout + done.stderr

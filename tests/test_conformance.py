@@ -378,3 +378,19 @@ def test_exemplars_link_histograms_to_the_request_span(harness):
     assert ttft.exemplars, "the TTFT point should carry an exemplar of the request"
     assert ttft.exemplars[0].trace_id == root.context.trace_id
     assert ttft.exemplars[0].span_id == root.context.span_id
+
+
+def test_integration_attributes_reach_spans_and_metrics_without_overriding_ours(make_harness):
+    server = {sc.SERVER_ADDRESS: "10.0.0.7", sc.SERVER_PORT: 8000, sc.GEN_AI_RESPONSE_MODEL: "served"}
+    h = make_harness(attributes={**server, sc.GEN_AI_REQUEST_MODEL: "not-this"})
+    h.tracker.queued("r", ts=1.0, prompt_tokens=4)
+    h.tracker.scheduled(["r"], ts=1.1)
+    h.tracker.tokens(["r"], ts=1.2)
+    h.tracker.finished("r", ts=1.3)
+    (root,) = h.roots()
+    assert {k: root.attributes[k] for k in server} == server
+    assert root.attributes[sc.GEN_AI_REQUEST_MODEL] == "test-model"  # the tracker's own wins
+    (point,) = h.metrics()[sc.METRIC_TTFT]
+    assert {k: point.attributes[k] for k in server} == server
+    with pytest.raises(TypeError, match="attributes"):
+        make_harness(attributes={sc.SERVER_PORT: [8000]})

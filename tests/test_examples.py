@@ -36,6 +36,15 @@ def run(script: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
     return done
 
 
+def quickstart_run(cwd: Path, **env: str) -> Path:
+    """Run hook_quickstart.py; the run folder it wrote its files into (one new folder per run)."""
+    base = Path(env.get("OTEL_LLM_OUTPUT_DIR", cwd / "otel-llm-output"))
+    before = set(base.glob("hook-quickstart-*"))
+    run("hook_quickstart.py", cwd, **env)
+    (folder,) = set(base.glob("hook-quickstart-*")) - before
+    return folder
+
+
 def file_spans(directory: Path) -> list[dict]:
     lines = (directory / "traces.jsonl").read_text().splitlines()
     return [
@@ -52,11 +61,12 @@ def received_names(receiver) -> list[str]:
 
 
 def check_hook_quickstart(tmp_path: Path) -> None:
-    run("hook_quickstart.py", tmp_path)
-    names = [s["name"] for s in file_spans(tmp_path / "otel-llm-output")]
-    assert names.count(sc.SPAN_REQUEST) == 5  # the script's docstring: five requests, one preemption
-    assert names.count(sc.SPAN_PREEMPTED) == 1
-    assert (tmp_path / "otel-llm-output" / "metrics.jsonl").stat().st_size > 0
+    for _ in range(2):  # a second run writes its own folder: the first run's files stay as they were
+        folder = quickstart_run(tmp_path)
+        names = [s["name"] for s in file_spans(folder)]
+        assert names.count(sc.SPAN_REQUEST) == 5  # the script's docstring: five requests, one preemption
+        assert names.count(sc.SPAN_PREEMPTED) == 1
+        assert (folder / "metrics.jsonl").stat().st_size > 0
 
 
 def check_engine_otlp(tmp_path: Path) -> None:
@@ -97,10 +107,15 @@ def check_server_openai_client(tmp_path: Path) -> None:
 
 
 def check_replay_files(tmp_path: Path) -> None:
-    run("hook_quickstart.py", tmp_path)  # something to replay
-    written = file_spans(tmp_path / "otel-llm-output")
+    folder = quickstart_run(tmp_path)  # something to replay
+    written = file_spans(folder)
     with HttpReceiver() as receiver:
-        run("replay_files.py", tmp_path, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint)
+        run(
+            "replay_files.py",
+            tmp_path,
+            OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
+            OTEL_LLM_OUTPUT_DIR=str(folder),
+        )
         got = receiver.collected.spans()
         assert sorted((s.trace_id.hex(), s.span_id.hex(), s.name) for _, s in got) == sorted(
             (s["traceId"], s["spanId"], s["name"]) for s in written
@@ -151,8 +166,9 @@ def test_replay_files_sends_both_workers_of_a_disaggregated_run(tmp_path: Path) 
     """A disaggregated run folder (otel-llm demo / serve --disaggregated) holds prefill/ and decode/;
     replaying the run folder sends both, as `otel-llm view` joins both."""
     run_dir = tmp_path / "serve-run"
+    run_dir.mkdir()
     for role in ("prefill", "decode"):
-        run("hook_quickstart.py", tmp_path, OTEL_LLM_OUTPUT_DIR=str(run_dir / role))
+        quickstart_run(tmp_path, OTEL_LLM_OUTPUT_DIR=str(tmp_path / role)).rename(run_dir / role)
     written = file_spans(run_dir / "prefill") + file_spans(run_dir / "decode")
     with HttpReceiver() as receiver:
         done = subprocess.run(

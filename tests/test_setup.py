@@ -103,6 +103,30 @@ def test_shutdown_returns_when_the_collector_port_is_closed(env, protocol: str) 
     assert telemetry.shutdown() is result[0]  # idempotent: same answer, no second attempt
 
 
+def test_delivery_counts_what_the_collector_received(env) -> None:
+    with HttpReceiver() as receiver:
+        env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+        telemetry = telemetry_with_pending_data()
+        assert telemetry.shutdown()
+        received = len(receiver.collected.spans())
+        points = sum(
+            len(getattr(m, m.WhichOneof("data")).data_points) for _, m in receiver.collected.metrics()
+        )
+    assert received > 0
+    assert telemetry.delivery("spans") == (received, {})
+    assert telemetry.delivery("metric_points") == (points, {})
+
+
+def test_delivery_accounts_for_every_span_with_no_collector(env) -> None:
+    env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{closed_port()}")
+    telemetry = telemetry_with_pending_data()
+    ended = telemetry.drops.spans_ended
+    telemetry.shutdown()
+    delivered, lost = telemetry.delivery("spans")
+    assert ended > 0 and delivered == 0
+    assert sum(lost.values()) == ended, lost  # each one lost, under a reason
+
+
 @pytest.mark.parametrize(
     ("receiver_type", "protocol"), [(GrpcReceiver, "grpc"), (HttpReceiver, "http/protobuf")]
 )

@@ -104,6 +104,52 @@ def test_legend_reads_without_colour(capsys, long_trace) -> None:
         assert word in legend
 
 
+def test_summary_and_legend_keep_to_the_width_and_show_only_what_is_drawn(capsys, long_trace) -> None:
+    path, _ = long_trace
+    rc, out, _ = view(capsys, str(path), "--request", "long", "--width", "60")
+    assert rc == 0
+    assert all(len(line) <= 60 for line in out.splitlines()), [len(x) for x in out.splitlines()]
+    # One instance: no KV transfer or instance glyphs in its legend; it was evicted in decode: the gap.
+    tail = "\n".join(out.splitlines()[-4:])
+    assert "KV transfer" not in tail and "instance" not in tail, tail
+    assert "evicted (gap in its phase)" in tail and "recompute" in tail, tail
+
+
+def test_list_shows_every_request_to_pick_from(capsys, long_trace) -> None:
+    path, trace_id = long_trace
+    rc, out, _ = view(capsys, str(path), "--list")
+    assert rc == 0
+    header, *rows = out.splitlines()
+    assert header.split() == ["request", "TTFT", "e2e", "preemptions", "finish", "trace"]
+    assert [row.split()[0] for row in rows] == ["short", "long"]  # start order
+    long_row = rows[1].split()
+    assert long_row[-1] == trace_id and "1" in long_row  # its one preemption
+    assert "35.9" in rows[1]  # e2e, seconds
+
+
+def test_help_says_which_request_is_shown_by_default(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["view", "--help"])
+    helped = " ".join(capsys.readouterr().out.split())
+    assert "most preempted request" in helped and "--list" in helped
+
+
+def test_a_one_token_request_says_which_decode_time_it_shows(capsys, tmp_path: Path) -> None:
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(OtlpJsonSpanExporter(tmp_path)))
+    tracker = RequestTracker(tracer_provider=provider, model="m")
+    tracker.queued("one", ts=T0)
+    tracker.scheduled(["one"], ts=T0 + 0.01)
+    tracker.tokens(["one"], ts=T0 + 0.02)
+    tracker.finished("one", ts=T0 + 0.03)  # the decode span: first token to the end, 10 ms
+    provider.shutdown()
+    rc, out, _ = view(capsys, str(tmp_path / "traces.jsonl"), "--width", "100")
+    assert rc == 0
+    (row,) = [line for line in out.splitlines() if line.lstrip().startswith(sc.SPAN_DECODE + " ")]
+    assert "10 ms" in row
+    assert "decode (first to last token): 0" in out  # not a bare "decode: 0" beside a 10 ms span
+
+
 @pytest.mark.parametrize(
     ("seconds", "text"),
     [(0.00085, "850 µs"), (0.0123, "12.3 ms"), (35.9457, "35.9 s"), (750.0, "12.5 min"), (0.25, "250 ms")],

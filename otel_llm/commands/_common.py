@@ -7,11 +7,17 @@ Nothing here imports torch or rich, so ``otel-llm --help`` works on the core ins
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
+import socket
+import sys
+import threading
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
+from urllib.parse import urlsplit
 
 SERVICE_INSTANCE_ID = "service.instance.id"  # the run id on every span and metric of one run
 
@@ -57,15 +63,41 @@ def check_device(device: str) -> str | None:
     return None
 
 
-def need_torch(command: str) -> None:
-    """Exit with the install line when torch (the reference engine's extra) is missing."""
+# The modules each extra of pyproject.toml brings, as the CLI needs them (numpy: torch warns without it).
+EXTRA_MODULES = {"torch": ("torch", "numpy", "rich"), "serve": ("fastapi", "uvicorn")}
+
+
+def install_line(extras: Sequence[str], with_torch: bool) -> str:
+    """The install command for ``extras``, as it works from a clone of the repository (no index has it).
+
+    torch first, pinned, as the README installs it: that takes the build the tests run on.
+    """
+    line = f"pip install -e '.[{','.join(extras)}]'"
+    return f"pip install torch==2.13.0 && {line}" if with_torch else line
+
+
+def need_extras(command: str, *extras: str) -> None:
+    """Exit naming every missing module of ``extras`` at once, with the one install line for all of them.
+
+    Looks the modules up without importing them, so the check costs nothing when they are there.
+    """
+    missing = {extra: [m for m in EXTRA_MODULES[extra] if not _installed(m)] for extra in extras}
+    names = [m for modules in missing.values() for m in modules]
+    if not names:
+        return
+    listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+    wanted = [extra for extra in extras if missing[extra]]
+    raise SystemExit(
+        f"otel-llm {command} needs {listed}, not installed here: in the otel-llm checkout, run "
+        f"{install_line(wanted, with_torch='torch' in names)}"
+    )
+
+
+def _installed(module: str) -> bool:
     try:
-        import torch  # noqa: F401
-    except ImportError:
-        raise SystemExit(
-            f"otel-llm {command} runs the reference engine, which needs torch: "
-            "pip install torch==2.13.0 && pip install 'otel-llm[torch]'"
-        ) from None
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def run_dir(parent: str | os.PathLike[str] | None, command: str) -> Path:
@@ -83,6 +115,35 @@ def run_dir(parent: str | os.PathLike[str] | None, command: str) -> Path:
     return Path(base).expanduser().absolute() / f"{command}-{stamp}-{os.getpid()}"
 
 
+def usage_error(command: str, message: object) -> NoReturn:
+    """Exit as argparse does for a bad flag: one ``otel-llm COMMAND: error: ...`` line, status 2."""
+    print(f"otel-llm {command}: error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
+
+
+def check_environment(command: str) -> None:
+    """Exit with ``usage_error`` when an environment value the run would read cannot be used.
+
+    Checks what ``configure()`` and ``RequestTracker`` read (``OTEL_LLM_SHUTDOWN_TIMEOUT``, the OTLP
+    protocol and exporter kinds, ``OTEL_LLM_TAIL_SAMPLING*``, ``OTEL_LLM_TRACE_DETAIL``), before torch is
+    imported or a worker started, so a typo costs no start-up time and gives no traceback.
+    """
+    from otel_llm.export import otlp
+    from otel_llm.sampling import TailSampling
+    from otel_llm.setup import ENV_SDK_DISABLED, shutdown_timeout
+    from otel_llm.steps import resolve_detail
+
+    try:
+        shutdown_timeout(None)
+        if os.environ.get(ENV_SDK_DISABLED, "").strip().lower() != "true":
+            for signal in ("traces", "metrics"):
+                otlp.destination(signal)  # type: ignore[arg-type]
+        TailSampling.from_env()
+        resolve_detail(None)
+    except (TypeError, ValueError) as exc:
+        usage_error(command, exc)
+
+
 def configure_run(command: str, output_dir: str | os.PathLike[str] | None) -> Any:
     """``otel_llm.configure()`` for one CLI run, or exit with the configuration problem in one line."""
     import otel_llm
@@ -95,25 +156,117 @@ def configure_run(command: str, output_dir: str | os.PathLike[str] | None) -> An
             resource_attributes={SERVICE_INSTANCE_ID: uuid.uuid4().hex},
         )
     except ValueError as exc:
-        raise SystemExit(f"otel-llm {command}: {exc}") from None
+        usage_error(command, exc)
 
 
 def destinations() -> list[str]:
     """Where each signal goes under the current OTEL_* environment, one line each (before it is sent)."""
     from otel_llm.export import otlp
+    from otel_llm.setup import ENV_CONFIG_FILE, declarative_config_file
 
+    config_file = declarative_config_file()
+    if config_file is not None:
+        return [f"traces and metrics: where {ENV_CONFIG_FILE}={config_file} says"]
     lines = []
     for signal in ("traces", "metrics"):
         to = otlp.destination(signal)  # type: ignore[arg-type]
         if to == "otlp":
-            url = (
-                os.environ.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT", "").strip()
-                or os.environ.get(otlp.ENV_ENDPOINT, "").strip()
-            )
-            lines.append(f"{signal}: OTLP {otlp.protocol(signal)} to {url}")  # type: ignore[arg-type]
+            lines.append(f"{signal}: OTLP {otlp.protocol(signal)} to {_endpoint(signal)}")  # type: ignore[arg-type]
         elif to == "none":
             lines.append(f"{signal}: not exported ({signal.upper()} exporter is none)")
     return lines
+
+
+# Each way telemetry is lost, in a reader's words (otel_llm.export.counting and Telemetry.delivery()).
+_LOSS_WORDS = {
+    "export_failed": "export failed: the collector was unreachable, refused or too slow",
+    "queue_full": "the span queue was full",
+    "after_shutdown": "ended after the shutdown",
+    "unsent_at_shutdown": "still queued when the shutdown timeout ran out",
+}
+
+
+def delivery_lines(telemetry: Any) -> list[str]:
+    """After ``telemetry.shutdown()``: for each signal sent over OTLP, where it went, what was delivered
+    and what was lost, and why. One line per signal; the run's last word on its telemetry."""
+    from otel_llm.export import otlp
+    from otel_llm.setup import declarative_config_file
+
+    lines: list[str] = []
+    if declarative_config_file() is not None:  # the file's own pipeline: otel_llm counts nothing there
+        return lines
+    for signal, unit in (("traces", "spans"), ("metrics", "metric_points")):
+        if otlp.destination(signal) != "otlp":  # type: ignore[arg-type]
+            continue
+        line = f"{signal}: OTLP {otlp.protocol(signal)} to {_endpoint(signal)}"  # type: ignore[arg-type]
+        delivered, lost = telemetry.delivery(unit)
+        noun = unit.replace("_", " ")
+        text = f"{line}: {delivered} {noun} delivered"
+        if lost:
+            reasons = "; ".join(f"{n} {_LOSS_WORDS.get(reason, reason)}" for reason, n in lost.items())
+            text += f", {sum(lost.values())} lost ({reasons})"
+        elif telemetry.shutdown() is False:  # idempotent: the result of the shutdown that already ran
+            # An export still running when the shutdown timeout ran out has not said what it lost.
+            text += ", the last export cut off by the shutdown timeout"
+        lines.append(text)
+    return lines
+
+
+def otlp_urls() -> list[str]:
+    """The distinct OTLP endpoint URLs the current environment sends to (none for files)."""
+    from otel_llm.export import otlp
+    from otel_llm.setup import declarative_config_file
+
+    urls: list[str] = []
+    if declarative_config_file() is not None:  # the file names its own endpoints
+        return urls
+    for signal in ("traces", "metrics"):
+        if otlp.destination(signal) == "otlp":  # type: ignore[arg-type]
+            url = _endpoint(signal)
+            if url and url not in urls:
+                urls.append(url)
+    return urls
+
+
+def _endpoint(signal: str) -> str:
+    """The URL a signal's OTLP exporter sends to: the per-signal variable, else the generic one."""
+    from otel_llm.export import otlp
+
+    return (
+        os.environ.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT", "").strip()
+        or os.environ.get(otlp.ENV_ENDPOINT, "").strip()
+    )
+
+
+def _unreachable(url: str, timeout_s: float) -> str | None:
+    """Why nothing accepts a TCP connection at ``url``'s host and port, or None when something does."""
+    parts = urlsplit(url if "://" in url else f"http://{url}")  # gRPC endpoints may omit the scheme
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        with socket.create_connection((parts.hostname or "localhost", port), timeout=timeout_s):
+            return None
+    except (OSError, ValueError) as exc:
+        return str(exc) or type(exc).__name__
+
+
+def warn_if_unreachable(command: str, timeout_s: float = 3.0) -> threading.Thread:
+    """Check each OTLP endpoint on a background thread (start-up is not held up) and print one warning
+    line for each that accepts no connection: telemetry sent there is lost until a collector listens."""
+
+    def check() -> None:
+        for url in otlp_urls():
+            why = _unreachable(url, timeout_s)
+            if why is not None:
+                print(
+                    f"otel-llm {command}: warning: no collector answers at {url} ({why}); telemetry sent "
+                    "there is lost (and counted) until one listens",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+    thread = threading.Thread(target=check, name="otel_llm-endpoint-check", daemon=True)
+    thread.start()
+    return thread
 
 
 def written_files(telemetry: Any) -> list[Path]:

@@ -15,9 +15,12 @@ from dataclasses import dataclass
 
 from otel_llm.commands._common import (
     check_device,
+    check_environment,
     configure_run,
+    delivery_lines,
     destinations,
-    need_torch,
+    install_line,
+    need_extras,
     positive_int,
     written_files,
 )
@@ -29,6 +32,13 @@ _WORDS = (
 )  # fmt: skip
 
 
+# How to send the same run to a collector and look at it in Jaeger (collector-config/local/ starts both).
+COLLECTOR_HINT = (
+    "OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4318 otel-llm demo (a collector's OTLP/HTTP port), then "
+    "find service otel-llm-demo in Jaeger (http://localhost:16686; collector-config/local/ starts both)"
+)
+
+
 @dataclass(frozen=True, slots=True)
 class DemoRequest:
     arrival_step: int  # the engine step at which the request arrives
@@ -37,7 +47,13 @@ class DemoRequest:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("demo", help="run the reference torch engine on a workload that preempts")
+    p = subparsers.add_parser(
+        "demo",
+        help="run the reference torch engine on a workload that preempts",
+        description="Run the reference torch engine on a workload that preempts, print a summary and the "
+        "waterfall of the most preempted request. Without an endpoint, telemetry goes to OTLP JSON files.",
+        epilog=f"To a collector instead: {COLLECTOR_HINT}",
+    )
     p.add_argument("--requests", type=positive_int, default=32, help="number of requests (default 32)")
     p.add_argument(
         "--kv-blocks",
@@ -81,7 +97,8 @@ def make_workload(n: int, seed: int, max_len: int) -> list[DemoRequest]:
 
 
 def run(args: argparse.Namespace) -> int:
-    need_torch("demo")
+    check_environment("demo")
+    need_extras("demo", "torch")
     console, Progress = _rich("demo")
     if args.disaggregated:
         from otel_llm.commands.demo_disaggregated import run_disaggregated
@@ -155,15 +172,16 @@ def run(args: argparse.Namespace) -> int:
     if requests:
         emit(render_lines(pick_request(requests), width=terminal_width()), file=out.file)
     # One bounded step flushes and stops both providers (OTEL_LLM_SHUTDOWN_TIMEOUT, + 1 s at most).
-    exported = telemetry.shutdown()
-    for line in destinations():
-        out.print(line + ("" if exported or "OTLP" not in line else "  (not all delivered in time)"))
+    telemetry.shutdown()
+    for line in delivery_lines(telemetry) + [d for d in destinations() if "OTLP" not in d]:
+        out.print(line)
     files = written_files(telemetry)
     for path in files:
         out.print(f"{path.stem}: {path}")
     traces = [p for p in files if p.name == "traces.jsonl"]
     if traces:
         out.print(f"view a request: otel-llm view {traces[0]}")
+        out.print(f"to a collector instead: {COLLECTOR_HINT}")
     return 0
 
 
@@ -174,6 +192,7 @@ def _rich(command: str) -> tuple[type, type]:
         from rich.progress import Progress
     except ImportError:
         raise SystemExit(
-            f"otel-llm {command} prints with rich: pip install 'otel-llm[torch]' (or pip install rich)"
+            f"otel-llm {command} prints with rich: in the otel-llm checkout, run "
+            f"{install_line(['torch'], with_torch=False)}"
         ) from None
     return Console, Progress

@@ -17,11 +17,14 @@ import sys
 
 from otel_llm.commands._common import (
     check_device,
+    check_environment,
     configure_run,
+    delivery_lines,
     destinations,
-    need_torch,
+    need_extras,
     positive_int,
     tcp_port,
+    warn_if_unreachable,
     written_files,
 )
 
@@ -82,20 +85,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+# Listening on every interface says nothing of the address clients use: server.address is left out then.
+_ANY_ADDRESS = ("", "0.0.0.0", "::", "[::]")
+
+
+def server_attributes(host: str, port: int, model: str) -> dict[str, str | int]:
+    """The GenAI server attributes this server knows for certain: the model every answer names
+    (``gen_ai.response.model``), its port unless one is picked at start-up (``--port 0``), its address
+    unless it listens on all of them."""
+    from otel_llm import semconv as sc
+
+    attributes: dict[str, str | int] = {sc.GEN_AI_RESPONSE_MODEL: model}
+    if port:
+        attributes[sc.SERVER_PORT] = port
+    if host not in _ANY_ADDRESS:
+        attributes[sc.SERVER_ADDRESS] = host
+    return attributes
+
+
 def run(args: argparse.Namespace) -> int:
     for name in ("graceful_timeout", "body_timeout"):
         if not getattr(args, name) > 0:
             option = "--" + name.replace("_", "-")
             raise SystemExit(f"otel-llm serve: {option} must be a positive number of seconds")
-    need_torch("serve")
-    try:
-        import uvicorn  # noqa: F401  (the serve extra is there)
+    check_environment("serve")
+    need_extras("serve", "torch", "serve")
+    from otel_llm.server import create_app, run_server
 
-        from otel_llm.server import create_app, run_server
-    except ImportError as exc:
-        raise SystemExit(
-            f"otel-llm serve needs fastapi and uvicorn: pip install 'otel-llm[serve]' ({exc})"
-        ) from None
     problem = check_device(args.device)
     if problem is not None:
         raise SystemExit(f"otel-llm serve: {problem}")
@@ -118,12 +134,14 @@ def run(args: argparse.Namespace) -> int:
     telemetry = configure_run("serve", args.output_dir)
     for line in destinations():
         print(f"otel-llm serve: {line}", file=sys.stderr, flush=True)
+    warn_if_unreachable("serve")
     if telemetry.output_dir is not None:
         print(f"otel-llm serve: files: {telemetry.output_dir}", file=sys.stderr, flush=True)
     tracker = otel_llm.RequestTracker(
         tracer_provider=telemetry.tracer_provider,
         meter_provider=telemetry.meter_provider,
         model=args.model_name,
+        attributes=server_attributes(args.host, args.port, args.model_name),
     )
     engine = LLMEngine(
         config,
@@ -139,6 +157,8 @@ def run(args: argparse.Namespace) -> int:
         if not stopped:
             stopped = True
             telemetry.shutdown()
+            for line in delivery_lines(telemetry):
+                print(f"otel-llm serve: {line}", file=sys.stderr, flush=True)
             for path in written_files(telemetry):
                 print(f"otel-llm serve: wrote {path}", file=sys.stderr, flush=True)
 

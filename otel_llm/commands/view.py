@@ -52,7 +52,13 @@ Line = list[Segment]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("view", help="print the waterfall of one request from an OTLP JSON traces file")
+    p = subparsers.add_parser(
+        "view",
+        help="print the waterfall of one request from an OTLP JSON traces file",
+        description="Print the waterfall of one request from OTLP JSON traces files. Without --request, "
+        "--trace-id or --slowest it shows the most preempted request (the longest of those); --list "
+        "prints every request in the files to pick one.",
+    )
     p.add_argument(
         "file",
         nargs="+",
@@ -63,6 +69,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     which.add_argument("--request", metavar="ID", help="the request id (llm.request.id); latest if repeated")
     which.add_argument("--trace-id", metavar="HEX", help="the trace id (32 hex digits, e.g. an x-trace-id)")
     which.add_argument("--slowest", action="store_true", help="the request with the longest duration")
+    which.add_argument(
+        "--list",
+        action="store_true",
+        help="list the requests instead (id, TTFT, e2e, preemptions, finish, trace id), in start order",
+    )
     zoom = p.add_mutually_exclusive_group()
     zoom.add_argument(
         "--phase", help="zoom on one phase: admission, queue, prefill, decode, preempted, recompute"
@@ -84,6 +95,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         requests = group_requests(load_all(args.file))
+        if args.list:
+            if not requests:
+                raise ValueError("no llm.request spans found; is this a traces file written by otel_llm?")
+            print("\n".join(list_lines(requests)))
+            return 0
         trace = pick_request(requests, request_id=args.request, slowest=args.slowest, trace_id=args.trace_id)
         window = zoom_window(trace, args.phase, args.window)
     except (OSError, ValueError) as exc:
@@ -108,6 +124,31 @@ def load_all(paths: Sequence[str]) -> list[SpanRecord]:
         for file in files:
             records += load_otlp_json(file)
     return records
+
+
+def list_lines(requests: Sequence[RequestTrace]) -> list[str]:
+    """One line per request (a header first): what ``--request ID`` or ``--trace-id HEX`` picks from."""
+    rows = [("request", "TTFT", "e2e", "preemptions", "finish", "trace")]
+    for t in requests:
+        a = t.root.attributes
+        rows.append(
+            (
+                t.request_id,
+                _time(a.get(sc.LLM_LATENCY_TTFT)),
+                _time(a.get(sc.LLM_LATENCY_E2E, t.root.duration_s)),
+                str(t.preemptions),
+                ",".join(map(str, a.get(sc.GEN_AI_RESPONSE_FINISH_REASONS) or ["-"])),
+                t.root.trace_id,
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    right = {1, 2, 3}  # the numbers, aligned on their ends
+    return [
+        "  ".join(
+            cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))
+        ).rstrip()
+        for row in rows
+    ]
 
 
 def terminal_width() -> int:
@@ -244,7 +285,7 @@ def render_lines(trace: RequestTrace, width: int = 100, window: tuple[int, int] 
     name_w = min(max(len(label) for label in labels), 24)
     time_w = 8
     cols = width - name_w - 2 * (time_w + 1) - 2
-    lines: list[Line] = [[(f"request {trace.request_id}  trace {root.trace_id}", "bold")]]
+    lines = _wrap([[(f"request {trace.request_id}", "bold")], [(f"trace {root.trace_id}", "bold")]], width)
     left, right = fmt_duration((t0 - root.start_ns) / 1e9), fmt_duration((t1 - root.start_ns) / 1e9)
     axis = left + " " * max(1, cols - len(left) - len(right)) + right
     header = f"{'span':<{name_w}} {'start':>{time_w}} {'duration':>{time_w}}  "
@@ -255,13 +296,39 @@ def render_lines(trace: RequestTrace, width: int = 100, window: tuple[int, int] 
         start = fmt_duration((span.start_ns - root.start_ns) / 1e9)
         lead = f"{label:<{name_w}} {start:>{time_w}} {fmt_duration(span.duration_s):>{time_w}}  "
         lines.append([(lead, None), *_bar(span, trace, t0, t1, cols)])
-    lines.append(_numbers(trace))
-    legend: Line = []
-    for name, word in LEGEND:
-        glyph, style = STYLES[name]
-        legend += [(glyph, style), (f" {word}  ", None)]
-    legend += [(GAP[0], GAP[1]), (" evicted (gap in its phase)", None)]
-    lines.append(legend)
+    lines += _wrap([[(fact, "bold")] for fact in _numbers(trace)], width)
+    lines += _wrap(_legend(trace), width)
+    return lines
+
+
+def _legend(trace: RequestTrace) -> list[Line]:
+    """One entry per glyph drawn for ``trace``: a single-instance request shows no KV-transfer or
+    instance entries, a request never evicted no gap."""
+    drawn = {span.name for span in trace.spans}
+    entries: list[Line] = [[STYLES[name], (f" {word}", None)] for name, word in LEGEND if name in drawn]
+    phases = [s for s in trace.spans if s.name in (sc.SPAN_PREFILL, sc.SPAN_DECODE)]
+    if any(child.name == sc.SPAN_PREEMPTED for phase in phases for child in trace.children(phase)):
+        entries.append([GAP, (" evicted (gap in its phase)", None)])
+    return entries
+
+
+def _wrap(items: list[Line], width: int, sep: str = "  ") -> list[Line]:
+    """``items`` side by side, ``sep`` apart, in as many lines of at most ``width`` columns as needed."""
+    lines: list[Line] = []
+    line: Line = []
+    used = 0
+    for item in items:
+        size = sum(len(text) for text, _ in item)
+        if line and used + len(sep) + size > width:
+            lines.append(line)
+            line, used = [], 0
+        if line:
+            line.append((sep, None))
+            used += len(sep)
+        line += item
+        used += size
+    if line:
+        lines.append(line)
     return lines
 
 
@@ -280,7 +347,7 @@ def _covered_s(spans: list[SpanRecord]) -> float:
     return total / 1e9
 
 
-def _numbers(trace: RequestTrace) -> Line:
+def _numbers(trace: RequestTrace) -> list[str]:
     a = dict(trace.root.attributes)
     for span in trace.spans:  # a disaggregated request: the prefill instance's own values
         if span.name == sc.SPAN_INSTANCE_PREFILL:
@@ -291,7 +358,9 @@ def _numbers(trace: RequestTrace) -> Line:
         ("TTFT", _time(a.get(sc.LLM_LATENCY_TTFT))),
         ("queue", _time(a.get(sc.LLM_LATENCY_QUEUE))),
         ("prefill", _time(a.get(sc.LLM_LATENCY_PREFILL))),
-        ("decode", _time(a.get(sc.LLM_LATENCY_DECODE))),
+        # llm.latency.decode: first to last token (0 for one token); the llm.decode span runs from the
+        # first token to the request's end, so the two differ by the last step: name which this is.
+        ("decode (first to last token)", _time(a.get(sc.LLM_LATENCY_DECODE))),
         ("e2e", _time(a.get(sc.LLM_LATENCY_E2E, trace.root.duration_s))),
         ("preemptions", str(trace.preemptions)),
         ("evicted for", _time(_covered_s(preempted)) if preempted else "-"),
@@ -304,4 +373,4 @@ def _numbers(trace: RequestTrace) -> Line:
     ]
     if trace.steps:
         facts.append(("engine steps", str(trace.steps)))
-    return [("  ".join(f"{k}: {v}" for k, v in facts), "bold")]
+    return [f"{k}: {v}" for k, v in facts]

@@ -207,11 +207,14 @@ class AsyncLLMEngine:
             self._closing = False  # a later submit() starts a new loop, as before
         self._apply_pending()  # the loop is gone: nothing steps the engine concurrently
 
-    def end_open(self, exc: BaseException) -> None:
-        """End every open stream with ``exc`` (its reader gets it) and abort its request in the engine."""
-        for rid in list(self._streams):
+    def end_open(self, exc: BaseException) -> int:
+        """End every open stream with ``exc`` (its reader gets it) and abort its request in the engine;
+        return how many there were."""
+        open_ids = list(self._streams)
+        for rid in open_ids:
             self._fail(rid, exc)
             self._abort(rid)
+        return len(open_ids)
 
     def _abort(self, rid: str) -> None:
         """Forget ``rid``'s stream and abort it in the engine (a no-op if it has finished)."""

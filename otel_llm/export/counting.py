@@ -50,11 +50,28 @@ _REASONS = {
 
 
 class DropCounter:
-    """Thread-safe running totals of lost telemetry, by signal (``spans`` / ``metric_points``) and reason."""
+    """Thread-safe running totals of lost telemetry, by signal (``spans`` / ``metric_points``) and reason;
+    beside them, what was delivered (exports that succeeded) and, for spans, how many were handed to the
+    pipeline, so a summary can also name the spans still queued when the pipeline stopped."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._counts: dict[tuple[str, str], int] = {}
+        self._delivered: dict[str, int] = {}
+        self.spans_ended = 0  # sampled spans that reached the batch span processor
+
+    def add_delivered(self, signal: str, n: int) -> None:
+        with self._lock:
+            self._delivered[signal] = self._delivered.get(signal, 0) + n
+
+    def delivered(self, signal: str) -> int:
+        """Spans / metric points in exports that succeeded."""
+        with self._lock:
+            return self._delivered.get(signal, 0)
+
+    def span_ended(self) -> None:
+        with self._lock:
+            self.spans_ended += 1
 
     def add(self, signal: str, reason: str, n: int) -> None:
         if n <= 0:
@@ -87,7 +104,9 @@ class CountingSpanExporter(SpanExporter):
         except Exception:
             self._drops.add(SPANS, REASON_EXPORT_FAILED, len(spans))
             raise  # the batch processor logs it, as it would without this wrapper
-        if result is not SpanExportResult.SUCCESS:
+        if result is SpanExportResult.SUCCESS:
+            self._drops.add_delivered(SPANS, len(spans))
+        else:
             self._drops.add(SPANS, REASON_EXPORT_FAILED, len(spans))
         return result
 
@@ -128,7 +147,9 @@ class CountingMetricExporter(MetricExporter):
         except Exception:
             self._drops.add(METRIC_POINTS, REASON_EXPORT_FAILED, count_points(metrics_data))
             raise
-        if result is not MetricExportResult.SUCCESS:
+        if result is MetricExportResult.SUCCESS:
+            self._drops.add_delivered(METRIC_POINTS, count_points(metrics_data))
+        else:
             self._drops.add(METRIC_POINTS, REASON_EXPORT_FAILED, count_points(metrics_data))
         return result
 
@@ -176,6 +197,7 @@ class CountingBatchSpanProcessor(BatchSpanProcessor):
     def on_end(self, span: ReadableSpan) -> None:
         context = span.context
         if context is not None and context.trace_flags.sampled:
+            self.drops.span_ended()
             if self._closed:
                 self.drops.add(SPANS, REASON_AFTER_SHUTDOWN, 1)
             elif self._queue is not None and len(self._queue) >= self._queue.maxlen:

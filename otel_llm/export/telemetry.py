@@ -27,10 +27,44 @@ _logger = logging.getLogger(__name__)
 
 # How long the exporters get, after the deadline, to notice they were told to stop.
 _ABORT_GRACE_S = 1.0
+# Where the SDK's OTLP exporters log, and what they say about being stopped. Once a handle gave up on its
+# exporters and stopped them, these lines (a retry aborted, a call or batch refused after shutdown, a
+# last batch given up) repeat the loss the handle already reported; other records pass.
+_EXPORTER_LOGGERS = "opentelemetry.exporter.otlp"
+_AFTER_STOP = (
+    "Shutdown in progress",
+    "Exporter already shutdown",
+    "Failed to export %s batch due to timeout, max retries or shutdown",
+)
+REASON_UNSENT = "unsent_at_shutdown"  # spans still queued when the pipeline stopped
 
 
-def _run_until(tasks: Sequence[tuple[str, Callable[[], Any]]], deadline: float) -> list[str]:
-    """Run each task on its own daemon thread; return the names of those still running at ``deadline``.
+class _AfterAbort(logging.Filter):
+    """Drops the OTLP exporters' records about being stopped, once a handle stopped its exporters."""
+
+    active = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (self.active and isinstance(record.msg, str) and record.msg.startswith(_AFTER_STOP))
+
+
+_after_abort = _AfterAbort()
+
+
+def _silence_exporters() -> None:
+    _after_abort.active = True
+    for name in list(logging.root.manager.loggerDict):
+        if name == _EXPORTER_LOGGERS or name.startswith(_EXPORTER_LOGGERS + "."):
+            logger = logging.getLogger(name)
+            if _after_abort not in logger.filters:
+                logger.addFilter(_after_abort)
+
+
+def _run_until(
+    tasks: Sequence[tuple[str, Callable[[], Any]]], deadline: float
+) -> list[tuple[str, threading.Thread]]:
+    """Run each task on its own daemon thread; return ``(name, thread)`` of those still running at
+    ``deadline``.
 
     ``deadline`` is a ``time.monotonic()`` value in seconds.
     """
@@ -39,9 +73,13 @@ def _run_until(tasks: Sequence[tuple[str, Callable[[], Any]]], deadline: float) 
         thread = threading.Thread(target=_guarded, args=(name, task), name=f"otel_llm-{name}", daemon=True)
         thread.start()
         threads.append((name, thread))
+    _join(threads, deadline)
+    return [(name, thread) for name, thread in threads if thread.is_alive()]
+
+
+def _join(threads: Sequence[tuple[str, threading.Thread]], deadline: float) -> None:
     for _, thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()))
-    return [name for name, thread in threads if thread.is_alive()]
 
 
 def _guarded(name: str, task: Callable[[], Any]) -> None:
@@ -99,7 +137,9 @@ class Telemetry:
         deadline = time.monotonic() + budget
         late = _run_until(self._provider_calls("force_flush", budget), deadline)
         if late:
-            _logger.warning("otel_llm: %s did not finish within %.1f s", ", ".join(late), budget)
+            _logger.warning(
+                "otel_llm: %s did not finish within %.1f s", ", ".join(n for n, _ in late), budget
+            )
         return not late
 
     def shutdown(self, timeout_s: float | None = None) -> bool:
@@ -120,13 +160,34 @@ class Telemetry:
                 _logger.warning(
                     "otel_llm: %s did not finish within %.1f s (collector unreachable or slow?); "
                     "unexported telemetry is dropped",
-                    ", ".join(late),
+                    ", ".join(n for n, _ in late),
                     budget,
                 )
-                self._abort_exporters()
+                # Reported here and in delivery(): what the exporters log from now on adds nothing.
+                _silence_exporters()
+                grace_ends = time.monotonic() + _ABORT_GRACE_S
+                self._abort_exporters(grace_ends)
+                # Told to stop, the exports in flight return now; waiting for them (within the same
+                # grace) lets delivery() count their batches as lost rather than miss them.
+                _join(late, grace_ends)
             self._shutdown_result = not late
             atexit.unregister(self._shutdown_at_exit)
             return self._shutdown_result
+
+    def delivery(self, signal: str) -> tuple[int, dict[str, int]]:
+        """``(delivered, {reason: lost})`` for ``"spans"`` or ``"metric_points"``, reasons with a loss only.
+
+        Delivered counts what exports accepted (the collector, or the files). Losses are those of
+        ``drops``; after ``shutdown()``, spans also count as ``unsent_at_shutdown`` when they were still
+        queued as the pipeline stopped (ended, but neither exported nor counted lost otherwise).
+        """
+        delivered = self.drops.delivered(signal)
+        lost = {reason: n for reason, n in self.drops.by_reason(signal).items() if n}
+        if signal == "spans" and self.is_shutdown:
+            unsent = self.drops.spans_ended - delivered - sum(lost.values())
+            if unsent > 0:
+                lost[REASON_UNSENT] = unsent
+        return delivered, lost
 
     def _provider_calls(self, method: str, budget_s: float) -> list[tuple[str, Callable[[], Any]]]:
         """``(name, call)`` for each provider that has ``method``; no-op providers have neither."""
@@ -142,10 +203,10 @@ class Telemetry:
             calls.append((f"{signal} {method}", call))
         return calls
 
-    def _abort_exporters(self) -> None:
-        """Tell each exporter to stop retrying and close its connection, without waiting long for it."""
+    def _abort_exporters(self, deadline: float) -> None:
+        """Tell each exporter to stop retrying and close its connection, waiting for it until ``deadline``."""
         tasks = [(f"abort {type(e).__name__}", e.shutdown) for e in self._exporters]
-        _run_until(tasks, time.monotonic() + _ABORT_GRACE_S)
+        _run_until(tasks, deadline)
 
     def _shutdown_at_exit(self) -> None:
         self.shutdown()

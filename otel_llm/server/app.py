@@ -12,14 +12,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import time
 import uuid
+from asyncio import FIRST_COMPLETED
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
+from starlette.requests import ClientDisconnect
 
 from otel_llm import semconv as sc
 from otel_llm.engine import AsyncLLMEngine, LLMEngine
@@ -28,6 +31,9 @@ from otel_llm.engine.engine import RequestTooLong
 from otel_llm.server import errors, protocol
 from otel_llm.server.disaggregated import DisaggregatedFront
 from otel_llm.server.streaming import DONE, ClientGone, EventStream, sse, unless_disconnected
+
+# uvicorn's own logger, so these lines look like the server's other lines and follow --log-level.
+_logger = logging.getLogger("uvicorn.error")
 
 TRACE_HEADERS = ("traceparent", "tracestate")  # W3C Trace Context, read from the caller
 HEADER_REQUEST_ID = "x-request-id"
@@ -65,7 +71,12 @@ def run(app: FastAPI, *, host: str, port: int, log_level: str, graceful_timeout_
         timeout_graceful_shutdown=graceful_timeout_s + BACKSTOP_S,
     )
     server = Server(config)
-    server.run()
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        # uvicorn re-raises a Ctrl-C once its graceful shutdown is done, and asyncio turns that into a
+        # cancelled main task: the shutdown is over, so there is nothing left to report but the exit.
+        raise SystemExit(130) from None
     if not server.started:
         raise SystemExit(3)  # as uvicorn.run(): the server could not start (e.g. the port is taken)
 
@@ -131,20 +142,60 @@ class _Server:
         self.model = model
         self.body_timeout_s = body_timeout_s
         self.created = int(time.time())
+        self._stopping = asyncio.Event()  # set when the graceful timeout is over
+        self._uploads: set[asyncio.Future[bytes]] = set()  # bodies being read now
 
     def end_open(self) -> None:
-        """End every open request: its reader gets ServerStopping, the engine aborts it."""
-        self.engine.end_open(ServerStopping("the server is shutting down; the request was aborted"))
+        """End every open request: its reader gets ServerStopping, the engine aborts it; a request whose
+        body is still arriving is answered 503 at once. One log line says what was cut."""
+        uploads = len(self._uploads)
+        self._stopping.set()
+        streams = self.engine.end_open(ServerStopping("the server is shutting down; the request was aborted"))
+        if streams or uploads:
+            _logger.warning(
+                "graceful shutdown timeout over: ended %d open request(s) (aborted in the engine, their "
+                "traces say abort) and %d still sending its body (answered 503)",
+                streams,
+                uploads,
+            )
+
+    async def read_body(self, request: Request) -> bytes:
+        """The request body; 408 when it takes longer than ``body_timeout_s``, 503 when the server's
+        graceful timeout ends first, ClientGone when the client hangs up while sending it."""
+        reading = asyncio.ensure_future(request.body())
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        self._uploads.add(reading)
+        try:
+            await asyncio.wait({reading, stopping}, timeout=self.body_timeout_s, return_when=FIRST_COMPLETED)
+        finally:
+            self._uploads.discard(reading)
+            stopping.cancel()
+            if not reading.done():
+                reading.cancel()
+                await asyncio.gather(reading, return_exceptions=True)
+        if reading.cancelled():
+            if self._stopping.is_set():
+                raise errors.ApiError(
+                    503,
+                    "the server is shutting down; the request body had not fully arrived",
+                    type=errors.SERVER_ERROR,
+                    code="server_shutting_down",
+                )
+            raise errors.ApiError(
+                408, f"the request body did not arrive within {self.body_timeout_s:g} s", code="timeout"
+            )
+        try:
+            return reading.result()
+        except ClientDisconnect:
+            raise ClientGone() from None
 
     async def answer(self, request: Request, kind: type[protocol._Common], chat: bool) -> Response:
         # Arrival (A): reading and checking the body, tokenizing and queueing are the llm.admission span.
         arrival_ts = time.monotonic()
         try:
-            raw = await asyncio.wait_for(request.body(), self.body_timeout_s)
-        except asyncio.TimeoutError:
-            raise errors.ApiError(
-                408, f"the request body did not arrive within {self.body_timeout_s:g} s", code="timeout"
-            ) from None
+            raw = await self.read_body(request)
+        except ClientGone:  # nobody is left to answer; nothing reached the engine
+            return Response(status_code=CLIENT_CLOSED)
         body = self._parse(raw, kind)
         prompt, max_tokens = body.engine_prompt(), body.output_limit()
         try:

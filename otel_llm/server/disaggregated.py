@@ -120,11 +120,14 @@ class DisaggregatedFront:
             await asyncio.to_thread(self._reader.join)
         await asyncio.to_thread(self.workers.close, shutdown_budget_s())
 
-    def end_open(self, exc: BaseException) -> None:
-        """End every open stream with ``exc`` (its reader gets it) and abort its request in its worker."""
-        for rid, queue in list(self._streams.items()):
+    def end_open(self, exc: BaseException) -> int:
+        """End every open stream with ``exc`` (its reader gets it) and abort its request in its worker;
+        return how many there were."""
+        open_streams = list(self._streams.items())
+        for rid, queue in open_streams:
             queue.put_nowait(exc)
             self._abort(rid)
+        return len(open_streams)
 
     def _abort(self, rid: str) -> None:
         """Forget ``rid``'s stream and abort it in the worker that holds it (no-op once finished)."""
