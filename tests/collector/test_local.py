@@ -186,8 +186,8 @@ def test_jaeger_shows_every_trace_whole_and_as_exported(runs: Runs) -> None:
     traces = forwarded_traces(runs)
     services = {service for service, _ in traces.values()}
     assert services == {DEMO_SERVICE, SERVE_SERVICE}
+    assert trace_problems(runs.stack.jaeger_url, traces) == []  # waits for each trace to arrive whole
     assert set(get_json(f"{runs.stack.jaeger_url}/api/services")["data"]) >= services
-    assert trace_problems(runs.stack.jaeger_url, traces) == []
 
 
 def test_jaeger_tree_has_the_phases_and_a_pair_of_spans_per_preemption(runs: Runs) -> None:
