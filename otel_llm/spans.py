@@ -27,13 +27,23 @@ Monotonic seconds become wall-clock nanoseconds through one offset taken when th
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
-from opentelemetry.trace import ProxyTracer, Span, SpanContext, SpanKind, Status, StatusCode
+from opentelemetry.trace import (
+    NonRecordingSpan,
+    ProxyTracer,
+    Span,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+)
 
 from otel_llm import semconv as sc
 from otel_llm._version import __version__
+from otel_llm.clock import Clock
 from otel_llm.handoff import remote_request_context
 from otel_llm.identity import (
     RANDOM_TRACE_ID_FLAG,
@@ -46,9 +56,21 @@ from otel_llm.identity import (
 )
 from otel_llm.intervals import Intervals
 from otel_llm.steps import DETAIL_PHASES, DETAIL_REQUEST, MAX_STEP_SPANS, StepRecord, longest, step_attributes
-from otel_llm.timeline import FinishedRequest, Preemption, Timeline
+from otel_llm.timeline import FinishedRequest, Timeline
+
+if TYPE_CHECKING:
+    from otel_llm.sdk_spans import SdkSpans
 
 _set_span_in_context = trace.set_span_in_context
+
+
+def sdk_spans() -> Any:
+    """``otel_llm.sdk_spans``, imported once a tracer is the SDK's (the SDK is loaded then): importing
+    otel_llm loads no SDK module."""
+    from otel_llm import sdk_spans as module
+
+    return module
+
 
 # Preemptions drawn as spans (and events) per request; 2 spans and 2 events each. A request preempted
 # more often than this is thrashing, and the first ones show the pattern.
@@ -62,21 +84,18 @@ class SpanBuilder:
         self,
         tracer_provider: trace.TracerProvider | None,
         base_attributes: dict[str, Any],
-        wall_offset_ns: int,
+        clock: Clock,
         detail: str = DETAIL_PHASES,
     ) -> None:
         self.detail = detail
         provider = tracer_provider if tracer_provider is not None else trace.get_tracer_provider()
         self._tracer = provider.get_tracer("otel_llm", __version__)
         self._base = dict(base_attributes)
-        self._offset_ns = wall_offset_ns
+        self.wall_ns = clock.wall_ns  # monotonic seconds -> wall-clock ns, the tracker's one offset
         self._ids: PresetIds | None = None
         self._sampler: PresetSampler | None = None
         self._resolved: Any = None
-
-    def wall_ns(self, mono_s: float) -> int:
-        """Monotonic seconds -> wall-clock nanoseconds since the epoch."""
-        return self._offset_ns + int(mono_s * 1e9)
+        self._direct: SdkSpans | None = None
 
     def _real_tracer(self) -> Any:
         """The SDK tracer behind a proxy, with PresetIds / PresetSampler installed once (see identity)."""
@@ -85,6 +104,7 @@ class SpanBuilder:
             self._resolved = tracer
             generator = getattr(tracer, "id_generator", None)
             sampler = getattr(tracer, "sampler", None)
+            self._direct = None
             if generator is None or sampler is None:
                 self._ids = self._sampler = None
             else:
@@ -93,6 +113,7 @@ class SpanBuilder:
                 if not isinstance(sampler, PresetSampler):
                     sampler = tracer.sampler = PresetSampler(sampler)
                 self._ids, self._sampler = generator, sampler
+                self._direct = sdk_spans().for_tracer(tracer, sampler.inner, generator.inner)
         return tracer
 
     def new_ids(self, parent: SpanContext | None) -> tuple[int, int]:
@@ -159,109 +180,101 @@ class SpanBuilder:
         root_attributes: dict[str, Any],
         before_end: Callable[[Span, FinishedRequest], None] | None = None,
         steps: list[tuple[float, StepRecord]] | None = None,
-    ) -> Span:
+    ) -> Any:
         """The request's spans; returns the span whose context the metrics' exemplars point at
         (``llm.request``, or ``llm.instance.prefill`` for a request handed off to a decode instance).
         ``steps``: (span start, step) of the engine steps it ran in, for the ``steps`` detail level
-        (None otherwise)."""
-        tl = fin.timeline
+        (None otherwise). On an SDK tracer provider the spans go straight to its processors
+        (``otel_llm.sdk_spans``), elsewhere through the tracer."""
         tracer = self._real_tracer()
-        ns = self.wall_ns
-        end = fin.finished
+        direct = self._direct
+        if direct is not None and direct.ready():
+            built = self._build_direct(direct, fin, root_attributes, before_end, steps)
+            if built is not None:
+                return built
+        return self._build_api(tracer, fin, root_attributes, before_end, steps)
+
+    def _root(self, tl: Timeline, fin: FinishedRequest, attributes: dict[str, Any]) -> tuple[Any, ...]:
+        """(name, parent context, kind, preset ids) of the request's top span on this instance."""
         if fin.handed_off:
             # The decode instance emits llm.request (it knows its end); this instance's part is a child.
-            sampled = self._sampled(tl, root_attributes)
-            parent = remote_request_context(tl.trace_id, tl.span_id, sampled)
-            root = self._start_decided(
-                tracer, tl, sc.SPAN_INSTANCE_PREFILL, parent, SpanKind.SERVER, root_attributes, tl.arrival
-            )
-        else:
-            root = self._start_decided(
-                tracer, tl, sc.SPAN_REQUEST, tl.parent, self._kind(tl), root_attributes, tl.arrival, True
-            )
+            parent = remote_request_context(tl.trace_id, tl.span_id, self._sampled(tl, attributes))
+            return sc.SPAN_INSTANCE_PREFILL, parent, SpanKind.SERVER, False
+        return sc.SPAN_REQUEST, tl.parent, self._kind(tl), True
+
+    def _build_api(
+        self,
+        tracer: Any,
+        fin: FinishedRequest,
+        root_attributes: dict[str, Any],
+        before_end: Callable[[Span, FinishedRequest], None] | None,
+        steps: list[tuple[float, StepRecord]] | None,
+    ) -> Span:
+        tl = fin.timeline
+        name, parent, kind, preset = self._root(tl, fin, root_attributes)
+        root = self._start_decided(tracer, tl, name, parent, kind, root_attributes, tl.arrival, preset)
         if not root.is_recording():
             return root
-        top = self._children(tracer, root, fin, steps) if self.detail != DETAIL_REQUEST else root
-        for name, attributes, at in _events(tl, fin):
-            top.add_event(name, attributes, timestamp=ns(at))
-        if fin.reason in sc.FAILED_REASONS:
-            root.set_status(Status(StatusCode.ERROR, _describe(fin)))
-        if top is not root:
-            top.end(end_time=ns(end))
+        self._finish_tree(_ApiSpans(tracer), root, fin, steps)
         if before_end is not None:
             before_end(root, fin)
-        root.end(end_time=ns(end))
+        root.end(end_time=self.wall_ns(fin.finished))
         return root
 
-    def _children(
-        self, tracer: Any, root: Span, fin: FinishedRequest, steps: list[tuple[float, StepRecord]] | None
-    ) -> Span:
-        """The instance, phase and preemption spans under ``root`` (and the step spans, given ``steps``);
-        returns the span the request's events belong on (the decode instance's span, or ``root``)."""
+    def _build_direct(
+        self,
+        direct: SdkSpans,
+        fin: FinishedRequest,
+        root_attributes: dict[str, Any],
+        before_end: Callable[[Span, FinishedRequest], None] | None,
+        steps: list[tuple[float, StepRecord]] | None,
+    ) -> Any:
+        """The spans ``_build_api`` makes, as ReadableSpans given to the processors; None when this
+        request's spans need the tracer (descendants that would not all be recorded)."""
         tl = fin.timeline
-        ns = self.wall_ns
-        end = fin.finished
-        start = tracer.start_span
-
-        def child(name: str, ctx: Any, t0: float, t1: float, attributes: Any = None) -> Span:
-            span = start(name, context=ctx, start_time=ns(t0), attributes=attributes)
-            span.end(end_time=ns(t1))
-            return span
-
-        top, top_ctx = root, _set_span_in_context(root)
-        if tl.handed_in:
-            top = start(
-                sc.SPAN_INSTANCE_DECODE,
-                context=top_ctx,
-                start_time=ns(tl.queued),
-                attributes={sc.LLM_ROLE: sc.ROLE_DECODE},
-            )
-            top_ctx = _set_span_in_context(top)
-        s1, first = tl.first_scheduled, tl.first_token
-        kv_attrs = {sc.LLM_KV_TRANSFER_BYTES: tl.kv_bytes} if tl.kv_bytes is not None else None
-        prefill = decode = None
-        if tl.handed_in:
-            # Decode instance: [Q, K] the KV arriving, [K, S1] waiting to be scheduled, [S1, E] decoding.
-            ready = tl.queued
-            if tl.kv_done is not None:
-                ready = tl.kv_done
-                child(sc.SPAN_KV_TRANSFER, top_ctx, tl.queued, ready, kv_attrs)
-            child(sc.SPAN_QUEUE, top_ctx, ready, s1 if s1 is not None else end)
-            if s1 is not None:
-                decode = prefill = start(sc.SPAN_DECODE, context=top_ctx, start_time=ns(s1))
+        name, parent, kind, preset = self._root(tl, fin, root_attributes)
+        self._decide(tl, root_attributes)
+        result = _replay(tl.sampling, root_attributes)
+        parent_span = parent_span_context(parent)
+        span_id = tl.span_id if preset else direct.new_span_id()
+        flags = 0x01 if result.decision.is_sampled() else 0x00
+        if parent_span is None:
+            random_id = self._ids is not None and self._ids.is_trace_id_random()
         else:
-            if tl.arrival < tl.queued:  # the API server's part: not queue time, but in TTFT and e2e
-                child(sc.SPAN_ADMISSION, top_ctx, tl.arrival, tl.queued)
-            child(sc.SPAN_QUEUE, top_ctx, tl.queued, s1 if s1 is not None else end)
-            if s1 is not None:
-                prefill = start(sc.SPAN_PREFILL, context=top_ctx, start_time=ns(s1))
-            if first is not None and not fin.handed_off:
-                decode = start(sc.SPAN_DECODE, context=top_ctx, start_time=ns(first))
-        preemptions = tl.preemptions
-        for k, p in enumerate(preemptions[:MAX_PREEMPTION_SPANS]):
-            phase = decode if p.after_first_token else prefill
-            if phase is not None:
-                # A recompute cut short by the next preemption ends there, so the spans never overlap.
-                until = preemptions[k + 1].preempted if k + 1 < len(preemptions) else end
-                self._preemption_spans(child, _set_span_in_context(phase), p, until)
-        if steps is not None:
-            root.set_attribute(sc.LLM_STEPS, len(steps))
-            root.set_attribute(sc.LLM_STEPS_UNSPANNED, max(0, len(steps) - MAX_STEP_SPANS))
-            prefill_ctx = _set_span_in_context(prefill) if prefill is not None else top_ctx
-            decode_ctx = _set_span_in_context(decode) if decode is not None else top_ctx
-            for t0, record in longest(steps, MAX_STEP_SPANS):
-                ctx = prefill_ctx if first is None or record.ts <= first else decode_ctx
-                span = start(
-                    sc.SPAN_ENGINE_STEP, context=ctx, start_time=ns(t0), attributes=step_attributes(record)
-                )
-                span.end(end_time=ns(record.ts))
-        if prefill is not None and prefill is not decode:
-            prefill.end(end_time=ns(first if first is not None else end))
-        if decode is not None:
-            decode.end(end_time=ns(end))
-        if fin.handed_off:  # [F, K]: the KV cache held after the first token until it was sent
-            child(sc.SPAN_KV_TRANSFER, top_ctx, first if first is not None else tl.last_event, end, kv_attrs)
-        return top
+            random_id = bool(getattr(parent_span.trace_flags, "random_trace_id", False))
+        if random_id:
+            flags |= RANDOM_TRACE_ID_FLAG
+        context = SpanContext(tl.trace_id, span_id, False, TraceFlags(flags), result.trace_state)
+        if not result.decision.is_recording():
+            return NonRecordingSpan(context)
+        emit = direct.request(context, self.detail != DETAIL_REQUEST)
+        if emit is None:
+            return None
+        root = sdk_spans().Open(
+            name, context, parent_span, kind, dict(result.attributes), self.wall_ns(tl.arrival)
+        )
+        self._finish_tree(emit, root, fin, steps)
+        end = self.wall_ns(fin.finished)
+        if before_end is None:
+            return emit.end(root, end)
+        live = emit.live(root, parent)
+        before_end(live, fin)
+        live.end(end_time=end)
+        return live
+
+    def _finish_tree(
+        self, emit: Any, root: Any, fin: FinishedRequest, steps: list[tuple[float, StepRecord]] | None
+    ) -> None:
+        """Everything under and on ``root`` but its end: children, the request's events, the status."""
+        ns = self.wall_ns
+        top = _children(emit, ns, root, fin, steps) if self.detail != DETAIL_REQUEST else root
+        add_event = emit.add_event
+        for name, attributes, at in _events(fin.timeline, fin):
+            add_event(top, name, attributes, ns(at))
+        if fin.reason in sc.FAILED_REASONS:
+            emit.set_status(root, Status(StatusCode.ERROR, _describe(fin)))
+        if top is not root:
+            emit.end(top, ns(fin.finished))
 
     def _sampled(self, tl: Timeline, attributes: dict[str, Any]) -> bool:
         result = self._decide(tl, attributes)
@@ -297,12 +310,107 @@ class SpanBuilder:
                 ids.clear()
                 sampler.clear()
 
+
+class _ApiSpans:
+    """The emitter ``_children`` walks a trace with, through ``tracer.start_span()`` (any provider)."""
+
+    __slots__ = ("_start",)
+
+    def __init__(self, tracer: Any) -> None:
+        self._start = tracer.start_span
+
+    under = staticmethod(_set_span_in_context)
+
+    def start(self, name: str, parent: Any, t0: int, attributes: Any = None) -> Span:
+        return self._start(name, context=parent, start_time=t0, attributes=attributes)
+
+    def child(self, name: str, parent: Any, t0: int, t1: int, attributes: Any = None) -> None:
+        self._start(name, context=parent, start_time=t0, attributes=attributes).end(end_time=t1)
+
     @staticmethod
-    def _preemption_spans(child: Any, ctx: Any, p: Preemption, end: float) -> None:
-        resumed = p.rescheduled
-        child(sc.SPAN_PREEMPTED, ctx, p.preempted, resumed if resumed is not None else end)
-        if resumed is not None:
-            child(sc.SPAN_RECOMPUTE, ctx, resumed, p.recomputed if p.recomputed is not None else end)
+    def end(span: Span, t1: int) -> None:
+        span.end(end_time=t1)
+
+    @staticmethod
+    def set_attribute(span: Span, key: str, value: Any) -> None:
+        span.set_attribute(key, value)
+
+    @staticmethod
+    def add_event(span: Span, name: str, attributes: Any, at: int) -> None:
+        span.add_event(name, attributes, timestamp=at)
+
+    @staticmethod
+    def set_status(span: Span, status: Status) -> None:
+        span.set_status(status)
+
+
+def _children(
+    emit: Any,
+    ns: Callable[[float], int],
+    root: Any,
+    fin: FinishedRequest,
+    steps: list[tuple[float, StepRecord]] | None,
+) -> Any:
+    """The instance, phase and preemption spans under ``root`` (and the step spans, given ``steps``),
+    through ``emit`` (``_ApiSpans`` or ``otel_llm.sdk_spans.RequestSpans``: the same calls, in the same
+    order, so both draw span ids alike); returns the span the request's events belong on (the decode
+    instance's span, or ``root``). ``ns``: monotonic seconds -> wall-clock ns."""
+    tl = fin.timeline
+    end = fin.finished
+    start, child, under = emit.start, emit.child, emit.under
+    top, top_ctx = root, under(root)
+    if tl.handed_in:
+        top = start(sc.SPAN_INSTANCE_DECODE, top_ctx, ns(tl.queued), {sc.LLM_ROLE: sc.ROLE_DECODE})
+        top_ctx = under(top)
+    s1, first = tl.first_scheduled, tl.first_token
+    kv_attrs = {sc.LLM_KV_TRANSFER_BYTES: tl.kv_bytes} if tl.kv_bytes is not None else None
+    prefill = decode = None
+    if tl.handed_in:
+        # Decode instance: [Q, K] the KV arriving, [K, S1] waiting to be scheduled, [S1, E] decoding.
+        ready = tl.queued
+        if tl.kv_done is not None:
+            ready = tl.kv_done
+            child(sc.SPAN_KV_TRANSFER, top_ctx, ns(tl.queued), ns(ready), kv_attrs)
+        child(sc.SPAN_QUEUE, top_ctx, ns(ready), ns(s1 if s1 is not None else end))
+        if s1 is not None:
+            decode = prefill = start(sc.SPAN_DECODE, top_ctx, ns(s1))
+    else:
+        if tl.arrival < tl.queued:  # the API server's part: not queue time, but in TTFT and e2e
+            child(sc.SPAN_ADMISSION, top_ctx, ns(tl.arrival), ns(tl.queued))
+        child(sc.SPAN_QUEUE, top_ctx, ns(tl.queued), ns(s1 if s1 is not None else end))
+        if s1 is not None:
+            prefill = start(sc.SPAN_PREFILL, top_ctx, ns(s1))
+        if first is not None and not fin.handed_off:
+            decode = start(sc.SPAN_DECODE, top_ctx, ns(first))
+    preemptions = tl.preemptions
+    for k, p in enumerate(preemptions[:MAX_PREEMPTION_SPANS]):
+        phase = decode if p.after_first_token else prefill
+        if phase is not None:
+            # A recompute cut short by the next preemption ends there, so the spans never overlap.
+            until = preemptions[k + 1].preempted if k + 1 < len(preemptions) else end
+            ctx = under(phase)
+            resumed = p.rescheduled
+            child(sc.SPAN_PREEMPTED, ctx, ns(p.preempted), ns(resumed if resumed is not None else until))
+            if resumed is not None:
+                recomputed = p.recomputed if p.recomputed is not None else until
+                child(sc.SPAN_RECOMPUTE, ctx, ns(resumed), ns(recomputed))
+    if steps is not None:
+        emit.set_attribute(root, sc.LLM_STEPS, len(steps))
+        emit.set_attribute(root, sc.LLM_STEPS_UNSPANNED, max(0, len(steps) - MAX_STEP_SPANS))
+        prefill_ctx = under(prefill) if prefill is not None else top_ctx
+        decode_ctx = under(decode) if decode is not None else top_ctx
+        for t0, record in longest(steps, MAX_STEP_SPANS):
+            ctx = prefill_ctx if first is None or record.ts <= first else decode_ctx
+            child(sc.SPAN_ENGINE_STEP, ctx, ns(t0), ns(record.ts), step_attributes(record))
+    if prefill is not None and prefill is not decode:
+        emit.end(prefill, ns(first if first is not None else end))
+    if decode is not None:
+        emit.end(decode, ns(end))
+    if fin.handed_off:  # [F, K]: the KV cache held after the first token until it was sent
+        child(
+            sc.SPAN_KV_TRANSFER, top_ctx, ns(first if first is not None else tl.last_event), ns(end), kv_attrs
+        )
+    return top
 
 
 def _replay(decided: tuple[Any, frozenset[str]], attributes: dict[str, Any]) -> Any:

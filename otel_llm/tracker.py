@@ -28,6 +28,7 @@ from opentelemetry.trace import Span
 from otel_llm import anomalies as an
 from otel_llm import attributes as user_attrs
 from otel_llm import semconv as sc
+from otel_llm.clock import Clock
 from otel_llm.engine_state import EngineState, count
 from otel_llm.handoff import make_carrier, read_carrier
 from otel_llm.identity import parent_context, parent_span_context
@@ -186,7 +187,8 @@ class RequestTracker:
         self._batch: list[Any] | tuple[Any, ...] | None = None
         self._anomalies = an.AnomalyCounter()
         self._evicted = 0
-        self._spans = SpanBuilder(tracer_provider, base, time.time_ns() - time.monotonic_ns(), detail)
+        self.clock = Clock()  # monotonic -> wall-clock, for every time this tracker and its engine export
+        self._spans = SpanBuilder(tracer_provider, base, self.clock, detail)
         self.trace_detail = detail
         # The last engine steps, for llm.engine.step spans (detail "steps" only: one append per step).
         self._step_log: StepLog | None = StepLog() if detail == DETAIL_STEPS else None
@@ -261,7 +263,9 @@ class RequestTracker:
             )
         ts = self._timestamp(ts)
         arrival = ts if arrival_ts is None else self._timestamp(arrival_ts)
-        handed = read_carrier(carrier) if self.role == sc.ROLE_DECODE and carrier is not None else None
+        handed = (
+            read_carrier(carrier, self.clock) if self.role == sc.ROLE_DECODE and carrier is not None else None
+        )
         if handed is not None:
             parent, trace_id, span_id = handed.parent, handed.trace_id, handed.span_id
             arrival = arrival if handed.arrival is None else handed.arrival
@@ -551,7 +555,7 @@ class RequestTracker:
         if self._tail is not None:
             fin = FinishedRequest(tl, tl.last_event, sc.REASON_HANDED_OFF, None, handed_off=True)
             kept = self._tail.would_keep(fin, Intervals(fin))
-        return make_carrier(traceparent, parent_span_context(tl.parent), tl.arrival, kept)
+        return make_carrier(traceparent, parent_span_context(tl.parent), tl.arrival, self.clock, kept)
 
     def traceparent(self, request_id: Any) -> str | None:
         """The W3C ``traceparent`` header value of the request's ``llm.request`` span (None if unknown)."""
@@ -584,6 +588,11 @@ class RequestTracker:
     def __contains__(self, request_id: object) -> bool:
         """Whether ``request_id`` is queued and not yet finished (or evicted)."""
         return request_id in self._inflight
+
+    @property
+    def tracer_provider(self) -> trace.TracerProvider | None:
+        """The tracer provider given at construction (None: the global one)."""
+        return self._tracer_provider
 
     @property
     def in_flight(self) -> int:
@@ -716,7 +725,7 @@ class RequestTracker:
                 attrs = root_attributes(fin, iv, self._base, err)
                 hook = self._run_span_hook if self._span_hook else None
                 span = self._spans.build(fin, attrs, hook, steps).get_span_context()
-            self._metrics.record(fin, iv, span, err, self._spans.wall_ns(fin.finished))
+            self._metrics.record(fin, iv, span, err, self.clock.wall_ns(fin.finished))
         except Exception:
             with self._lock:
                 self._anomalies.note(an.FINISH_FAILED, fin.timeline.request_id)
