@@ -24,9 +24,9 @@ field). This path is taken only where that holds; otherwise the tracer's own ``s
 - an SDK laid out otherwise than expected. Internals read (present from SDK 1.35 to 1.45, the versions
   tested): ``Tracer._span_limits``, ``Tracer._instrumentation_scope``, the tracer's span class
   ``_Span`` (for a ``span_hook``), the multi span processor's ``_span_processors``, ``ParentBased``'s
-  ``_local_parent_sampled`` / ``_local_parent_not_sampled``; from 1.39 on, where present,
-  ``Tracer._is_enabled`` and ``Tracer._tracer_metrics`` (the SDK's own span metrics: with them on, the
-  tracer's path is taken), and processors' ``_on_ending``.
+  ``_local_parent_sampled`` / ``_local_parent_not_sampled``, ``StaticSampler._decision``; from 1.39
+  on, where present, ``Tracer._is_enabled`` and ``Tracer._tracer_metrics`` (the SDK's own span
+  metrics: with them on, the tracer's path is taken), and processors' ``_on_ending``.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk import trace as sdk_trace
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
-from opentelemetry.sdk.trace.sampling import ParentBased, StaticSampler, TraceIdRatioBased
+from opentelemetry.sdk.trace.sampling import Decision, ParentBased, StaticSampler, TraceIdRatioBased
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, TraceFlags
 
@@ -76,6 +76,18 @@ def _decides_children_alike(sampler: Any) -> bool:
             raise AttributeError("ParentBased has no _local_parent_sampled / _local_parent_not_sampled")
         return all(_decides_children_alike(d) for d in delegates)
     return False
+
+
+def _samples_children_of_sampled(sampler: Any) -> bool:
+    """Whether ``sampler`` samples every span under a sampled local parent, as the SDK's default
+    ``ParentBased(ALWAYS_ON)`` does (so no call is needed to know it)."""
+    if type(sampler).should_sample is not ParentBased.should_sample:
+        return False
+    delegate = sampler._local_parent_sampled
+    return (
+        type(delegate).should_sample is StaticSampler.should_sample
+        and getattr(delegate, "_decision", None) is Decision.RECORD_AND_SAMPLE
+    )
 
 
 def for_tracer(tracer: Any, sampler: Any, ids: Any) -> SdkSpans | None:
@@ -128,6 +140,7 @@ class SdkSpans:
         self.no_links = BoundedList(limits.max_links)
         self.live_span = sdk_trace._Span  # the SDK's Span refuses to be made but by its tracer's class
         self.sampler = sampler
+        self.follow_sampled = _samples_children_of_sampled(sampler)
         self.new_span_id = ids.generate_span_id
         self._enabled = getattr(tracer, "_is_enabled", None)  # SDK 1.39 on: a configurator may disable it
         self.usable = self._check_processors() and self._no_self_metrics(tracer)
@@ -175,7 +188,9 @@ class SdkSpans:
         """The emitter of one request whose top span has ``context`` (recording), with its descendants'
         sampling decided once (``children``: whether it has any). None when they would not all be
         recorded: the tracer's path then gives each its own decision."""
-        if not children:
+        if not children or (self.follow_sampled and context.trace_flags.sampled):
+            # No descendants, or a sampler known to sample every child of a sampled span: the SDK
+            # would give each the root's flags (sampled, random trace id) and trace state.
             return RequestSpans(self, context.trace_id, context.trace_flags, context.trace_state)
         parent = trace.set_span_in_context(NonRecordingSpan(context))
         result = self.sampler.should_sample(parent, context.trace_id, "llm.child", _INTERNAL, None, ())

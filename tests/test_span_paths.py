@@ -25,7 +25,14 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, SpanProcessor, Tra
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.id_generator import IdGenerator
-from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, TraceIdRatioBased
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_ON,
+    Decision,
+    ParentBased,
+    Sampler,
+    SamplingResult,
+    TraceIdRatioBased,
+)
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from otel_llm import RequestTracker
@@ -307,3 +314,45 @@ def test_a_processor_added_later_that_needs_on_start_moves_spans_to_the_tracer(c
         tracker.finished("second", ts=_run(tracker, "second", 2.0, 3))
     assert before > 0 and watcher.started == len(exporter.get_finished_spans()) - before > 0
     assert any("on_start" in r.getMessage() and "LateWatcher" in r.getMessage() for r in caplog.records)
+
+
+class NamingSampler(Sampler):
+    """A user's sampler that decides each span by its name and tags it: only the tracer can ask it."""
+
+    def should_sample(self, parent_context: Any, trace_id: int, name: str, *args: Any, **kwargs: Any) -> Any:
+        return SamplingResult(Decision.RECORD_AND_SAMPLE, {"sampled.as": name})
+
+    def get_description(self) -> str:
+        return "NamingSampler"
+
+
+def test_a_sampler_of_the_users_own_is_asked_for_every_span(caplog: Any) -> None:
+    exporter = InMemorySpanExporter()
+    tp = TracerProvider(sampler=NamingSampler())
+    tp.add_span_processor(SimpleSpanProcessor(exporter))
+    with caplog.at_level("WARNING", logger="otel_llm"):
+        tracker = RequestTracker(tracer_provider=tp, meter_provider=None, tail_sampling=False)
+        tracker.finished("r", ts=_run(tracker, "r", 1.0, 3, (1,)))
+    spans = exporter.get_finished_spans()
+    assert len(spans) == 6
+    assert all(s.attributes["sampled.as"] == s.name for s in spans)
+    assert any("NamingSampler" in r.getMessage() for r in caplog.records)
+
+
+def test_an_sdk_laid_out_otherwise_keeps_the_tracer_path_and_says_so(caplog: Any, monkeypatch: Any) -> None:
+    """A fake of a future SDK (no other can run here): reading the tracer's internals fails as it would
+    if one had moved. Spans still go out, through start_span(), after one warning."""
+    from otel_llm import sdk_spans
+
+    def moved(self: Any, tracer: Any, *args: Any) -> None:
+        raise AttributeError("'Tracer' object has no attribute '_span_limits'")
+
+    monkeypatch.setattr(sdk_spans.SdkSpans, "__init__", moved)
+    tp, exporter, _ = provider(SETUPS["parent-based always-on, default limits"], watched=False)
+    with caplog.at_level("WARNING", logger="otel_llm"):
+        tracker = RequestTracker(tracer_provider=tp, meter_provider=None, tail_sampling=False)
+        tracker.finished("r", ts=_run(tracker, "r", 1.0, 3))
+    assert tracker._spans._direct is None
+    assert any("laid out otherwise" in r.getMessage() for r in caplog.records)
+    names = sorted(s.name for s in exporter.get_finished_spans())
+    assert names == ["llm.decode", "llm.prefill", "llm.queue", "llm.request"]
