@@ -30,13 +30,14 @@ from otel_llm import attributes as user_attrs
 from otel_llm import semconv as sc
 from otel_llm.clock import Clock
 from otel_llm.engine_state import EngineState, count
+from otel_llm.finish import Finisher
 from otel_llm.handoff import make_carrier, read_carrier
 from otel_llm.identity import parent_context, parent_span_context
 from otel_llm.intervals import Intervals
 from otel_llm.metrics import RequestMetrics
 from otel_llm.sampling import TailSampler, TailSampling
-from otel_llm.spans import MAX_PREEMPTION_SPANS, SpanBuilder, error_type, root_attributes, start_attributes
-from otel_llm.steps import DETAIL_STEPS, StepLog, of_request, resolve_detail
+from otel_llm.spans import MAX_PREEMPTION_SPANS, SpanBuilder, start_attributes
+from otel_llm.steps import DETAIL_STEPS, StepLog, resolve_detail
 from otel_llm.timeline import PREEMPTED, RUNNING, WAITING, FinishedRequest, Preemption, Step, Timeline
 
 _log = logging.getLogger("otel_llm")
@@ -58,6 +59,7 @@ _LIVE_TRACKERS: weakref.WeakSet[RequestTracker] = weakref.WeakSet()
 def _renew_locks_after_fork() -> None:
     for tracker in list(_LIVE_TRACKERS):
         tracker._lock = threading.Lock()
+        tracker._finisher.lock = tracker._lock
         tracker._metrics.renew_lock(tracker._lock)
 
 
@@ -170,7 +172,6 @@ class RequestTracker:
             raise TypeError(
                 f"span_hook must be a callable (span, finished_request) -> None, got {span_hook!r}"
             )
-        self._span_hook = span_hook
         self.model = model
         self.max_in_flight = max_in_flight
         self.max_age_s = float(max_age_s)
@@ -204,6 +205,19 @@ class RequestTracker:
                 self._tail.observe,
                 counter=True,
             )
+        self._finisher = Finisher(
+            self._spans,
+            self._metrics,
+            self.clock,
+            base,
+            self._tail,
+            self._step_log,
+            span_hook,
+            self._lock,
+            self._note,
+            self._adopt_itl,
+        )
+        self._finish = self._finisher.finish
         self._itl = self._metrics.itl  # inter-token latency: added to on the hot path, under self._lock
         self._metrics.observe(
             sc.METRIC_ACTIVE,
@@ -707,39 +721,11 @@ class RequestTracker:
         """Called under self._lock when the metrics moved to another provider's recorders."""
         self._itl = itl
 
-    def _finish(self, fin: FinishedRequest) -> None:
-        """Build spans and record metrics; telemetry trouble is logged and counted, never raised."""
-        try:
-            # A tracker made before the global MeterProvider was set moves to it here, before a
-            # collection of that provider can miss its histograms (a pointer comparison when settled).
-            self._metrics.resolve(self._adopt_itl)
-            iv = Intervals(fin)
-            err = error_type(fin)
-            span = None  # a trace not kept has no span: its metrics carry no exemplar
-            if self._tail is None or self._tail.keep(fin, iv):
-                steps = None
-                if self._step_log is not None:
-                    with self._lock:
-                        recent = self._step_log.since(fin.timeline.first_scheduled)
-                    steps = of_request(fin, recent)
-                attrs = root_attributes(fin, iv, self._base, err)
-                hook = self._run_span_hook if self._span_hook else None
-                span = self._spans.build(fin, attrs, hook, steps).get_span_context()
-            self._metrics.record(fin, iv, span, err, self.clock.wall_ns(fin.finished))
-        except Exception:
-            with self._lock:
-                self._anomalies.note(an.FINISH_FAILED, fin.timeline.request_id)
-            self._anomalies.log_pending()
-            _log.debug("otel_llm: finishing request %r failed", fin.timeline.request_id, exc_info=True)
-
-    def _run_span_hook(self, span: Span, fin: FinishedRequest) -> None:
-        try:
-            self._span_hook(span, fin)  # type: ignore[misc]
-        except Exception:  # user code: never let it cost the trace or the engine
-            with self._lock:
-                self._anomalies.note(an.SPAN_HOOK_FAILED, fin.timeline.request_id)
-            self._anomalies.log_pending()
-            _log.debug("otel_llm: span_hook raised", exc_info=True)
+    def _note(self, kind: str, request_id: Any) -> None:
+        """Count an anomaly from outside the lock (the finishing pipeline), and log it once."""
+        with self._lock:
+            self._anomalies.note(kind, request_id)
+        self._anomalies.log_pending()
 
     # --- observable callbacks (run in the metric reader's thread) --------------------------------
 
