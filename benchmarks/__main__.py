@@ -105,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "## Results",
         "",
         *section_tables(measures),
-        "## Targets (issue: finishing a request)",
+        "## Finishing a request: the issue's targets",
         "",
         *finish_targets.render(measures),
         "",

@@ -61,7 +61,9 @@ def rows(measures: Sequence[Measure]) -> list[tuple[str, bool | None, str, str]]
                 r <= 0.6,
                 f"{r:.2f}x ({fmt(m.ours, 'ns')} vs {fmt(m.peers['bare SDK spans'], 'ns')})",
                 "the spans are the SDK's own ReadableSpans handed to its processors (no live span, context "
-                "or per-span sampler call); the metrics, the events and the export's own on_end are in ours",
+                "or per-span sampler call); what is left is the same on both sides or ours alone: each "
+                "span's on_end in the processor and exporter, the root's sampler call, and on our side all "
+                "request metrics and the tracker's bookkeeping",
             )
         )
     m = _find(measures, "whole request, 16 output tokens")
@@ -103,9 +105,9 @@ def rows(measures: Sequence[Measure]) -> list[tuple[str, bool | None, str, str]]
                     f"{share.ours * 100:.2f} % at this CPU engine's {1e3 / rate.ours:.2f} ms steps "
                     f"({hook_s * 1e6:.0f} µs per step inside the hooks); at a GPU's "
                     f"{GPU_STEP_S * 1e3:.0f} ms step: {gpu * 100:.3f} %",
-                    "the hooks' cost per step is the batch's bookkeeping plus the finishes of that step; "
-                    "the reference engine's CPU steps are a few ms, a GPU's tens of ms, so the same "
-                    "microseconds are a far smaller share there",
+                    "the hooks' cost per step is the batch's bookkeeping plus the finishes of that step "
+                    "(mostly finished(), see section 7's split); the reference engine's CPU steps are a "
+                    "few ms, a GPU's tens of ms, so the same microseconds are a far smaller share there",
                 )
             )
     sizes = {name: len((ROOT / "otel_llm" / name).read_text().splitlines()) for name in CORE}
@@ -117,8 +119,9 @@ def rows(measures: Sequence[Measure]) -> list[tuple[str, bool | None, str, str]]
             not over,
             f"tracker.py {tracker} lines; over {CORE_LINES}: "
             + (", ".join(f"{n} {lines}" for n, lines in sorted(over.items())) or "none"),
-            "the finish pipeline's split out of tracker.py is not done yet: the hooks, eviction, "
-            "argument checks, self-metric registration and finishing still live there"
+            "finishing moved to otel_llm.finish and the span path to otel_llm.sdk_spans; the hooks' "
+            "argument checks, eviction, self-metric registration and the trace-identity calls are still "
+            "in tracker.py, and the tree walk with both emitters in spans.py"
             if over
             else "each module holds one step of the pipeline",
         )

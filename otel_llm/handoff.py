@@ -36,7 +36,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from otel_llm.clock import Clock
-from otel_llm.identity import format_traceparent, normalize_carrier
+from otel_llm.identity import format_traceparent, normalize_carrier, parse_traceparent
 
 KEY_TRACEPARENT = "traceparent"
 KEY_PARENT = "llm-request-parent"
@@ -60,22 +60,6 @@ class HandedIn:
     parent: Context | None  # llm.request's parent (remote), or None when it is a trace's root
     arrival: float | None  # A, monotonic seconds
     prefill_kept: bool | None  # the prefill instance's tail-sampling decision; None when not carried
-
-
-def _parse(value: str | None) -> tuple[int, int, int] | None:
-    """(trace id, span id, flags) of a W3C traceparent value, or None when it is malformed."""
-    if not value:
-        return None
-    parts = value.strip().split("-")
-    if len(parts) < 4 or [len(p) for p in parts[:4]] != [2, 32, 16, 2]:
-        return None
-    try:
-        trace_id, span_id, flags = int(parts[1], 16), int(parts[2], 16), int(parts[3], 16)
-    except ValueError:
-        return None
-    if not trace_id or not span_id:
-        return None
-    return trace_id, span_id, flags
 
 
 @cache
@@ -114,12 +98,12 @@ def read_carrier(carrier: Mapping[str, Any] | None, clock: Clock) -> HandedIn | 
     headers = normalize_carrier(carrier)
     if not headers or KEY_ARRIVAL not in headers:
         return None
-    own = _parse(headers.get(KEY_TRACEPARENT))
+    own = parse_traceparent(headers.get(KEY_TRACEPARENT))
     if own is None:
         return None
     trace_id, span_id, flags = own
     parent = None
-    above = _parse(headers.get(KEY_PARENT))
+    above = parse_traceparent(headers.get(KEY_PARENT))
     if above is not None and above[0] == trace_id:
         ctx = SpanContext(trace_id, above[1], is_remote=True, trace_flags=TraceFlags(above[2]))
         parent = trace.set_span_in_context(NonRecordingSpan(ctx))

@@ -177,5 +177,23 @@ def parent_span_context(parent: otel_context.Context | None) -> SpanContext | No
 RANDOM_TRACE_ID_FLAG = int(getattr(TraceFlags, "RANDOM_TRACE_ID", 0))
 
 
+def parse_traceparent(value: str | None) -> tuple[int, int, int] | None:
+    """(trace id, span id, flags) of a W3C ``traceparent`` value, or None when it is missing or malformed
+    (wrong field sizes, not hex, an all-zero id). The one parser of otel_llm's own carriers; a caller's
+    headers go through the configured propagator (``parent_context``)."""
+    if not value:
+        return None
+    parts = value.strip().split("-")
+    if len(parts) < 4 or [len(p) for p in parts[:4]] != [2, 32, 16, 2]:
+        return None
+    try:
+        trace_id, span_id, flags = int(parts[1], 16), int(parts[2], 16), int(parts[3], 16)
+    except ValueError:
+        return None
+    if not trace_id or not span_id:
+        return None
+    return trace_id, span_id, flags
+
+
 def format_traceparent(trace_id: int, span_id: int, flags: int) -> str:
     return f"{_TRACEPARENT_VERSION}-{trace_id:032x}-{span_id:016x}-{flags & 0xFF:02x}"

@@ -21,7 +21,11 @@ recomputing), so a thrashing request costs a bounded number of spans on the thre
 At trace detail ``request`` only ``llm.request`` is built; at ``steps`` the engine steps the request ran
 in are added under its phases (``otel_llm.steps``).
 
-Monotonic seconds become wall-clock nanoseconds through one offset taken when the tracker started.
+Monotonic seconds become wall-clock nanoseconds through the tracker's clock (``otel_llm.clock``).
+
+One walk of the tree (``_children``) emits through either of two emitters with the same calls in the
+same order: ``_ApiSpans`` (``tracer.start_span()``, any provider) or, on an SDK provider whose set-up
+allows it, ``otel_llm.sdk_spans.RequestSpans`` (the SDK's ReadableSpans straight to its processors).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import Link, SpanContext, TraceFlags
 
-from otel_llm import semconv
+from otel_llm import identity, semconv
 from otel_llm.clock import Clock
 
 if TYPE_CHECKING:
@@ -50,17 +50,10 @@ _SCOPE = "otel_llm.engine"
 
 def parse_traceparent(value: str | None) -> SpanContext | None:
     """A remote SpanContext from a W3C ``traceparent`` value, or None if it is missing or malformed."""
-    if not value:
+    parsed = identity.parse_traceparent(value)
+    if parsed is None:
         return None
-    parts = value.strip().split("-")
-    if len(parts) < 4 or len(parts[1]) != 32 or len(parts[2]) != 16 or len(parts[3]) != 2:
-        return None
-    try:
-        trace_id, span_id, flags = int(parts[1], 16), int(parts[2], 16), int(parts[3], 16)
-    except ValueError:
-        return None
-    if not trace_id or not span_id:
-        return None
+    trace_id, span_id, flags = parsed
     return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags))
 
 
