@@ -17,6 +17,8 @@ CORE = [
     "timeline.py",
     "intervals.py",
     "spans.py",
+    "records.py",
+    "finish.py",
     "sdk_spans.py",
     "metrics.py",
     "histogram.py",
@@ -119,7 +121,8 @@ def rows(measures: Sequence[Measure]) -> list[tuple[str, bool | None, str, str]]
             not over,
             f"tracker.py {tracker} lines; over {CORE_LINES}: "
             + (", ".join(f"{n} {lines}" for n, lines in sorted(over.items())) or "none"),
-            "finishing moved to otel_llm.finish and the span path to otel_llm.sdk_spans; the hooks' "
+            "finishing moved to otel_llm.finish, the span path to otel_llm.sdk_spans, trace identity to "
+            "otel_llm.identity and the span records to otel_llm.records; the hooks' "
             "argument checks, eviction, self-metric registration and the trace-identity calls are still "
             "in tracker.py, and the tree walk with both emitters in spans.py"
             if over

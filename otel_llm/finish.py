@@ -25,8 +25,9 @@ from otel_llm import anomalies as an
 from otel_llm.clock import Clock
 from otel_llm.intervals import Intervals
 from otel_llm.metrics import RequestMetrics
+from otel_llm.records import error_type, root_attributes
 from otel_llm.sampling import TailSampler
-from otel_llm.spans import SpanBuilder, error_type, root_attributes
+from otel_llm.spans import SpanBuilder
 from otel_llm.steps import StepLog, of_request
 from otel_llm.timeline import FinishedRequest
 

@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import trace
 from opentelemetry.trace import (
     NonRecordingSpan,
-    ProxyTracer,
     Span,
     SpanContext,
     SpanKind,
@@ -49,18 +48,12 @@ from otel_llm import semconv as sc
 from otel_llm._version import __version__
 from otel_llm.clock import Clock
 from otel_llm.handoff import remote_request_context
-from otel_llm.identity import (
-    RANDOM_TRACE_ID_FLAG,
-    PresetIds,
-    PresetSampler,
-    format_traceparent,
-    new_span_id,
-    new_trace_id,
-    parent_span_context,
-)
-from otel_llm.intervals import Intervals
+from otel_llm.identity import TraceIdentity, parent_span_context, replay, request_kind
+from otel_llm.records import MAX_PREEMPTION_SPANS, describe, request_events
 from otel_llm.steps import DETAIL_PHASES, DETAIL_REQUEST, MAX_STEP_SPANS, StepRecord, longest, step_attributes
 from otel_llm.timeline import FinishedRequest, Timeline
+
+__all__ = ["MAX_PREEMPTION_SPANS", "SpanBuilder"]
 
 if TYPE_CHECKING:
     from otel_llm.sdk_spans import SdkSpans
@@ -76,11 +69,6 @@ def sdk_spans() -> Any:
     return module
 
 
-# Preemptions drawn as spans (and events) per request; 2 spans and 2 events each. A request preempted
-# more often than this is thrashing, and the first ones show the pattern.
-MAX_PREEMPTION_SPANS = 32
-
-
 class SpanBuilder:
     """Emits the spans of finished requests through one tracer."""
 
@@ -93,90 +81,22 @@ class SpanBuilder:
     ) -> None:
         self.detail = detail
         provider = tracer_provider if tracer_provider is not None else trace.get_tracer_provider()
-        self._tracer = provider.get_tracer("otel_llm", __version__)
+        self.identity = TraceIdentity(provider.get_tracer("otel_llm", __version__))
         self._base = dict(base_attributes)
         self.wall_ns = clock.wall_ns  # monotonic seconds -> wall-clock ns, the tracker's one offset
-        self._ids: PresetIds | None = None
-        self._sampler: PresetSampler | None = None
         self._resolved: Any = None
         self._direct: SdkSpans | None = None
 
     def _real_tracer(self) -> Any:
-        """The SDK tracer behind a proxy, with PresetIds / PresetSampler installed once (see identity)."""
-        tracer = self._tracer._tracer if isinstance(self._tracer, ProxyTracer) else self._tracer
+        """The tracer the spans go through now, and the direct path for it when there is one."""
+        tracer = self.identity.tracer()
         if tracer is not self._resolved:
             self._resolved = tracer
-            generator = getattr(tracer, "id_generator", None)
-            sampler = getattr(tracer, "sampler", None)
+            ids, sampler = self.identity.ids, self.identity.sampler
             self._direct = None
-            if generator is None or sampler is None:
-                self._ids = self._sampler = None
-            else:
-                if not isinstance(generator, PresetIds):
-                    generator = tracer.id_generator = PresetIds(generator)
-                if not isinstance(sampler, PresetSampler):
-                    sampler = tracer.sampler = PresetSampler(sampler)
-                self._ids, self._sampler = generator, sampler
-                self._direct = sdk_spans().for_tracer(tracer, sampler.inner, generator.inner)
+            if ids is not None and sampler is not None:
+                self._direct = sdk_spans().for_tracer(tracer, sampler.inner, ids.inner)
         return tracer
-
-    def new_ids(self, parent: SpanContext | None) -> tuple[int, int]:
-        """(trace id, span id) of a new request span, from the tracer provider's id generator."""
-        self._real_tracer()
-        ids = self._ids
-        if ids is None:
-            return (parent.trace_id if parent is not None else new_trace_id()), new_span_id()
-        trace_id = parent.trace_id if parent is not None else ids.inner.generate_trace_id()
-        return trace_id, ids.inner.generate_span_id()
-
-    def _decide(self, tl: Timeline, attributes: dict[str, Any]) -> Any:
-        """The sampler's result for the request span, asked once per request (None: no SDK sampler).
-
-        Kept with the attribute names the sampler saw, so a replay can tell the ones it added."""
-        if tl.sampling is None and self._sampler is not None:
-            result = self._sampler.inner.should_sample(
-                tl.parent, tl.trace_id, sc.SPAN_REQUEST, self._kind(tl), attributes
-            )
-            tl.sampling = (result, frozenset(attributes))
-        return tl.sampling[0] if tl.sampling is not None else None
-
-    def traceparent(self, tl: Timeline, attributes: dict[str, Any]) -> str:
-        """The W3C traceparent of the request's root span, with the flags the SDK gives that span
-        (sampled; random trace id where the SDK sets it). ``attributes``: those known so far."""
-        self._real_tracer()
-        parent = parent_span_context(tl.parent)
-        result = self._decide(tl, attributes)
-        if result is not None:
-            sampled = result.decision.is_sampled()
-        else:
-            sampled = bool(parent is not None and parent.trace_flags.sampled)
-        flags = 0x01 if sampled else 0x00
-        if parent is None:
-            random_id = self._ids is not None and self._ids.is_trace_id_random()
-        else:
-            random_id = bool(getattr(parent.trace_flags, "random_trace_id", False))
-        if random_id:
-            flags |= RANDOM_TRACE_ID_FLAG
-        return format_traceparent(tl.trace_id, tl.span_id, flags)
-
-    @staticmethod
-    def _kind(tl: Timeline) -> SpanKind:
-        parent = parent_span_context(tl.parent)
-        # A request served for a caller in another process is a SERVER span; under a local span it is
-        # one step of that span's work.
-        return SpanKind.INTERNAL if parent is not None and not parent.is_remote else SpanKind.SERVER
-
-    def continue_sampling(self, tl: Timeline, sampled: bool) -> None:
-        """Take the sampling decision of a request handed in by a prefill instance, whose sampler
-        already decided it (the flag of the carried traceparent): the trace is sampled on both sides
-        or on neither, and this instance's sampler is not asked."""
-        self._real_tracer()
-        if self._sampler is None:
-            return
-        from opentelemetry.sdk.trace.sampling import Decision, SamplingResult  # an SDK tracer: loaded
-
-        decision = Decision.RECORD_AND_SAMPLE if sampled else Decision.DROP
-        tl.sampling = (SamplingResult(decision, None, None), frozenset())
 
     def build(
         self,
@@ -202,9 +122,9 @@ class SpanBuilder:
         """(name, parent context, kind, preset ids) of the request's top span on this instance."""
         if fin.handed_off:
             # The decode instance emits llm.request (it knows its end); this instance's part is a child.
-            parent = remote_request_context(tl.trace_id, tl.span_id, self._sampled(tl, attributes))
+            parent = remote_request_context(tl.trace_id, tl.span_id, self.identity.sampled(tl, attributes))
             return sc.SPAN_INSTANCE_PREFILL, parent, SpanKind.SERVER, False
-        return sc.SPAN_REQUEST, tl.parent, self._kind(tl), True
+        return sc.SPAN_REQUEST, tl.parent, request_kind(tl), True
 
     def _build_api(
         self,
@@ -237,17 +157,11 @@ class SpanBuilder:
         request's spans need the tracer (descendants that would not all be recorded)."""
         tl = fin.timeline
         name, parent, kind, preset = self._root(tl, fin, root_attributes)
-        self._decide(tl, root_attributes)
-        result = _replay(tl.sampling, root_attributes)
+        self.identity.decide(tl, root_attributes)
+        result = replay(tl.sampling, root_attributes)
         parent_span = parent_span_context(parent)
         span_id = tl.span_id if preset else direct.new_span_id()
-        flags = 0x01 if result.decision.is_sampled() else 0x00
-        if parent_span is None:
-            random_id = self._ids is not None and self._ids.is_trace_id_random()
-        else:
-            random_id = bool(getattr(parent_span.trace_flags, "random_trace_id", False))
-        if random_id:
-            flags |= RANDOM_TRACE_ID_FLAG
+        flags = self.identity.flags(parent_span, result.decision.is_sampled())
         context = SpanContext(tl.trace_id, span_id, False, TraceFlags(flags), result.trace_state)
         if not result.decision.is_recording():
             return NonRecordingSpan(context)
@@ -273,19 +187,12 @@ class SpanBuilder:
         ns = self.wall_ns
         top = _children(emit, ns, root, fin, steps) if self.detail != DETAIL_REQUEST else root
         add_event = emit.add_event
-        for name, attributes, at in _events(fin.timeline, fin):
+        for name, attributes, at in request_events(fin.timeline, fin):
             add_event(top, name, attributes, ns(at))
         if fin.reason in sc.FAILED_REASONS:
-            emit.set_status(root, Status(StatusCode.ERROR, _describe(fin)))
+            emit.set_status(root, Status(StatusCode.ERROR, describe(fin)))
         if top is not root:
             emit.end(top, ns(fin.finished))
-
-    def _sampled(self, tl: Timeline, attributes: dict[str, Any]) -> bool:
-        result = self._decide(tl, attributes)
-        if result is not None:
-            return bool(result.decision.is_sampled())
-        parent = parent_span_context(tl.parent)
-        return parent is None or bool(parent.trace_flags.sampled)
 
     def _start_decided(
         self,
@@ -299,12 +206,12 @@ class SpanBuilder:
         preset_ids: bool = False,
     ) -> Span:
         """Start a span with the request's one sampling decision (and its preset ids when asked)."""
-        ids, sampler = self._ids, self._sampler
+        ids, sampler = self.identity.ids, self.identity.sampler
         if ids is not None and sampler is not None:
             if preset_ids:
                 ids.preset(tl.trace_id, tl.span_id)
-            self._decide(tl, attributes)
-            sampler.preset(_replay(tl.sampling, attributes))
+            self.identity.decide(tl, attributes)
+            sampler.preset(replay(tl.sampling, attributes))
         try:
             return tracer.start_span(
                 name, context=parent, kind=kind, attributes=attributes, start_time=self.wall_ns(at)
@@ -415,101 +322,3 @@ def _children(
             sc.SPAN_KV_TRANSFER, top_ctx, ns(first if first is not None else tl.last_event), ns(end), kv_attrs
         )
     return top
-
-
-def _replay(decided: tuple[Any, frozenset[str]], attributes: dict[str, Any]) -> Any:
-    """The decision taken earlier, carrying the root span's full attributes: the SDK starts the span
-    with the result's attributes, and a decision taken by traceparent() saw only those known then.
-    Attributes the sampler added itself are kept."""
-    result, seen = decided
-    extra = {k: v for k, v in (result.attributes or {}).items() if k not in seen}
-    return type(result)(result.decision, {**attributes, **extra}, result.trace_state)
-
-
-def _events(tl: Timeline, fin: FinishedRequest) -> list[tuple[str, dict[str, Any] | None, float]]:
-    """The events of ``llm.request`` as (name, attributes, monotonic seconds), in time order.
-
-    Trace UIs list events in the order they were added, so they are sorted here; the sort is stable, so
-    events at one instant keep their lifecycle order (a preemption before the scheduling that resumes it).
-    """
-    events: list[tuple[str, dict[str, Any] | None, float]] = [(sc.EVENT_QUEUED, None, tl.queued)]
-    if tl.first_scheduled is not None:
-        events.append((sc.EVENT_SCHEDULED, {sc.LLM_RESUMED: False}, tl.first_scheduled))
-    if tl.first_token is not None:
-        events.append((sc.EVENT_FIRST_TOKEN, None, tl.first_token))
-    for p in tl.preemptions[:MAX_PREEMPTION_SPANS]:
-        events.append((sc.EVENT_PREEMPTED, {sc.LLM_OUTPUT_TOKENS: p.output_tokens}, p.preempted))
-        if p.rescheduled is not None:
-            events.append((sc.EVENT_SCHEDULED, {sc.LLM_RESUMED: True}, p.rescheduled))
-    if tl.kv_done is not None or fin.handed_off:
-        kv = {sc.LLM_KV_TRANSFER_BYTES: tl.kv_bytes} if tl.kv_bytes is not None else None
-        if fin.handed_off:
-            events.append((sc.EVENT_KV_SENT, kv, fin.finished))
-        else:
-            events.append((sc.EVENT_KV_RECEIVED, kv, tl.kv_done))  # type: ignore[arg-type]
-    events.sort(key=lambda e: e[2])
-    return events
-
-
-def start_attributes(tl: Timeline, base: dict[str, Any]) -> dict[str, Any]:
-    """The request span's attributes known from ``queued`` on (what a sampler sees before the end)."""
-    attrs: dict[str, Any] = dict(tl.attributes) if tl.attributes else {}
-    attrs.update(base)
-    attrs[sc.LLM_REQUEST_ID] = str(tl.request_id)
-    if tl.prompt_tokens is not None:
-        attrs[sc.GEN_AI_USAGE_INPUT_TOKENS] = tl.prompt_tokens
-    return attrs
-
-
-def root_attributes(
-    fin: FinishedRequest, iv: Intervals, base: dict[str, Any], err: str | None
-) -> dict[str, Any]:
-    """The attributes of ``llm.request``: the user's from ``queued`` first, so ours win on a clash."""
-    tl = fin.timeline
-    attrs = start_attributes(tl, base)
-    attrs[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = tl.output_tokens
-    attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = (fin.reason,)
-    attrs[sc.LLM_PREEMPTIONS] = len(tl.preemptions)
-    if tl.cached_tokens is not None:
-        attrs[sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = tl.cached_tokens
-    if len(tl.preemptions) > MAX_PREEMPTION_SPANS:
-        count, preempted_s, recompute_s = _unspanned(fin)
-        attrs[sc.LLM_PREEMPTIONS_UNSPANNED] = count
-        attrs[sc.LLM_PREEMPTIONS_UNSPANNED_PREEMPTED] = preempted_s
-        attrs[sc.LLM_PREEMPTIONS_UNSPANNED_RECOMPUTE] = recompute_s
-    if err is not None:
-        attrs[sc.ERROR_TYPE] = err
-    attrs.update(iv.span_attributes())
-    return attrs
-
-
-def _unspanned(fin: FinishedRequest) -> tuple[int, float, float]:
-    """Preemptions past the span cap: their count, and seconds evicted and recomputing, measured with the
-    bounds their spans would have had (a recompute cut short by the next preemption ends there)."""
-    preemptions = fin.timeline.preemptions
-    preempted_s = recompute_s = 0.0
-    for k in range(MAX_PREEMPTION_SPANS, len(preemptions)):
-        p = preemptions[k]
-        until = preemptions[k + 1].preempted if k + 1 < len(preemptions) else fin.finished
-        resumed = p.rescheduled
-        preempted_s += (resumed if resumed is not None else until) - p.preempted
-        if resumed is not None:
-            recompute_s += (p.recomputed if p.recomputed is not None else until) - resumed
-    return len(preemptions) - MAX_PREEMPTION_SPANS, preempted_s, recompute_s
-
-
-def _describe(fin: FinishedRequest) -> str:
-    if fin.error is None:
-        return fin.reason
-    if isinstance(fin.error, BaseException):
-        return f"{type(fin.error).__name__}: {fin.error}"
-    return str(fin.error)
-
-
-def error_type(fin: FinishedRequest) -> str | None:
-    """``error.type`` for a failed request: the exception's class, else the reason itself."""
-    if fin.reason not in sc.FAILED_REASONS:
-        return None
-    if isinstance(fin.error, BaseException):
-        return type(fin.error).__qualname__
-    return fin.reason

@@ -35,8 +35,9 @@ from otel_llm.handoff import make_carrier, read_carrier
 from otel_llm.identity import parent_context, parent_span_context
 from otel_llm.intervals import Intervals
 from otel_llm.metrics import RequestMetrics
+from otel_llm.records import MAX_PREEMPTION_SPANS, start_attributes
 from otel_llm.sampling import TailSampler, TailSampling
-from otel_llm.spans import MAX_PREEMPTION_SPANS, SpanBuilder, start_attributes
+from otel_llm.spans import SpanBuilder
 from otel_llm.steps import DETAIL_STEPS, StepLog, resolve_detail
 from otel_llm.timeline import PREEMPTED, RUNNING, WAITING, FinishedRequest, Preemption, Step, Timeline
 
@@ -285,7 +286,7 @@ class RequestTracker:
             arrival = arrival if handed.arrival is None else handed.arrival
         else:
             parent, _remote = parent_context(carrier)
-            trace_id, span_id = self._spans.new_ids(parent_span_context(parent))
+            trace_id, span_id = self._spans.identity.new_ids(parent_span_context(parent))
         user_attributes, problems = user_attrs.clean(attributes) if attributes else (None, ())
         with self._lock:
             for kind in problems:
@@ -304,7 +305,7 @@ class RequestTracker:
                 if handed is not None:
                     tl.handed_in = True
                     tl.prefill_kept = handed.prefill_kept
-                    self._spans.continue_sampling(tl, handed.sampled)
+                    self._spans.identity.continue_sampling(tl, handed.sampled)
                 self._states[WAITING] += 1
         if self._anomalies.unlogged:
             self._anomalies.log_pending()
@@ -578,7 +579,7 @@ class RequestTracker:
         if tl is None:
             return None
         try:
-            return self._spans.traceparent(tl, start_attributes(tl, self._base))
+            return self._spans.identity.traceparent(tl, start_attributes(tl, self._base))
         except Exception:  # a broken third-party sampler must not take the API thread down
             _log.warning("otel_llm: could not compute a traceparent", exc_info=True)
             return None
