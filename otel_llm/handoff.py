@@ -26,7 +26,6 @@ Only the OpenTelemetry API is imported here.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
@@ -36,7 +35,8 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
-from otel_llm.identity import format_traceparent, normalize_carrier
+from otel_llm.clock import Clock
+from otel_llm.identity import format_traceparent, normalize_carrier, parse_traceparent
 
 KEY_TRACEPARENT = "traceparent"
 KEY_PARENT = "llm-request-parent"
@@ -62,22 +62,6 @@ class HandedIn:
     prefill_kept: bool | None  # the prefill instance's tail-sampling decision; None when not carried
 
 
-def _parse(value: str | None) -> tuple[int, int, int] | None:
-    """(trace id, span id, flags) of a W3C traceparent value, or None when it is malformed."""
-    if not value:
-        return None
-    parts = value.strip().split("-")
-    if len(parts) < 4 or [len(p) for p in parts[:4]] != [2, 32, 16, 2]:
-        return None
-    try:
-        trace_id, span_id, flags = int(parts[1], 16), int(parts[2], 16), int(parts[3], 16)
-    except ValueError:
-        return None
-    if not trace_id or not span_id:
-        return None
-    return trace_id, span_id, flags
-
-
 @cache
 def monotonic_clock_id() -> str | None:
     """What names this host's ``time.monotonic()`` clock: the Linux boot id (read once), else None."""
@@ -88,20 +72,16 @@ def monotonic_clock_id() -> str | None:
         return None
 
 
-def _wall_minus_monotonic() -> float:
-    """time.time() - time.monotonic() now, in seconds: adds to a monotonic time to get a wall time."""
-    return time.time() - time.monotonic()
-
-
 def make_carrier(
-    traceparent: str, parent: SpanContext | None, arrival: float, kept: bool = True
+    traceparent: str, parent: SpanContext | None, arrival: float, clock: Clock, kept: bool = True
 ) -> dict[str, str]:
     """The hand-off carrier of a request (see the module docstring); ``kept``: whether the prefill
-    instance keeps the request's spans (its tail-sampling decision)."""
+    instance keeps the request's spans (its tail-sampling decision). ``clock``: the tracker's, which
+    turns ``arrival`` (monotonic seconds) into the carried wall-clock time."""
     carrier = {
         KEY_TRACEPARENT: traceparent,
         KEY_ARRIVAL: repr(arrival),
-        KEY_ARRIVAL_UNIX_NANO: str(round((arrival + _wall_minus_monotonic()) * 1e9)),
+        KEY_ARRIVAL_UNIX_NANO: str(clock.wall_ns(arrival)),
         KEY_TAIL: TAIL_KEEP if kept else TAIL_DROP,
     }
     clock = monotonic_clock_id()
@@ -112,41 +92,42 @@ def make_carrier(
     return carrier
 
 
-def read_carrier(carrier: Mapping[str, Any] | None) -> HandedIn | None:
-    """The continued identity, or None when the carrier is not a hand-off (e.g. a caller's headers)."""
+def read_carrier(carrier: Mapping[str, Any] | None, clock: Clock) -> HandedIn | None:
+    """The continued identity, or None when the carrier is not a hand-off (e.g. a caller's headers).
+    ``clock``: the tracker's, which moves a carried wall-clock arrival onto its monotonic clock."""
     headers = normalize_carrier(carrier)
     if not headers or KEY_ARRIVAL not in headers:
         return None
-    own = _parse(headers.get(KEY_TRACEPARENT))
+    own = parse_traceparent(headers.get(KEY_TRACEPARENT))
     if own is None:
         return None
     trace_id, span_id, flags = own
     parent = None
-    above = _parse(headers.get(KEY_PARENT))
+    above = parse_traceparent(headers.get(KEY_PARENT))
     if above is not None and above[0] == trace_id:
         ctx = SpanContext(trace_id, above[1], is_remote=True, trace_flags=TraceFlags(above[2]))
         parent = trace.set_span_in_context(NonRecordingSpan(ctx))
-    arrival = _arrival(headers)
+    arrival = _arrival(headers, clock)
     tail = headers.get(KEY_TAIL, "").strip().lower()
     kept = True if tail == TAIL_KEEP else False if tail == TAIL_DROP else None
     return HandedIn(trace_id, span_id, bool(flags & 0x01), parent, arrival, kept)
 
 
-def _arrival(headers: Mapping[str, str]) -> float | None:
+def _arrival(headers: Mapping[str, str], clock: Clock) -> float | None:
     """The carried arrival on this process's monotonic clock, or None when it cannot be read.
 
     The monotonic value as it is when the carrier comes from this host's clock; otherwise the wall-clock
     value moved onto this host's monotonic clock (a carrier without one falls back to the monotonic
     value, as older versions sent)."""
-    clock = headers.get(KEY_CLOCK)
-    same_clock = clock is not None and clock == monotonic_clock_id()
+    clock_id = headers.get(KEY_CLOCK)
+    same_clock = clock_id is not None and clock_id == monotonic_clock_id()
     if not same_clock:
         try:
             wall_ns = int(headers[KEY_ARRIVAL_UNIX_NANO])
         except (KeyError, ValueError):
             pass
         else:
-            return wall_ns / 1e9 - _wall_minus_monotonic()
+            return clock.monotonic_s(wall_ns)
     try:
         arrival = float(headers[KEY_ARRIVAL])
     except ValueError:

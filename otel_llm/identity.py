@@ -10,7 +10,9 @@ exactly those ids and exactly one sampling decision:
 - ``PresetSampler`` wraps the tracer's ``sampler`` the same way: the request's sampler decision is taken
   once (by ``traceparent()`` or at build time, whichever comes first) and replayed for the root span.
 
-Parents come from a W3C carrier (remote) or the caller's active span (local).
+Parents come from a W3C carrier (remote) or the caller's active span (local). ``TraceIdentity`` holds
+a tracker's decisions (ids, the one sampling decision, the request span's flags); ``parse_traceparent``
+is the one reader of otel_llm's own carriers.
 """
 
 from __future__ import annotations
@@ -20,11 +22,16 @@ import os
 import random
 import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
-from opentelemetry.trace import SpanContext, TraceFlags
+from opentelemetry.trace import ProxyTracer, SpanContext, SpanKind, TraceFlags
+
+from otel_llm import semconv as sc
+
+if TYPE_CHECKING:
+    from otel_llm.timeline import Timeline
 
 _log = logging.getLogger(__name__)
 
@@ -177,5 +184,132 @@ def parent_span_context(parent: otel_context.Context | None) -> SpanContext | No
 RANDOM_TRACE_ID_FLAG = int(getattr(TraceFlags, "RANDOM_TRACE_ID", 0))
 
 
+def parse_traceparent(value: str | None) -> tuple[int, int, int] | None:
+    """(trace id, span id, flags) of a W3C ``traceparent`` value, or None when it is missing or malformed
+    (wrong field sizes, not hex, an all-zero id). The one parser of otel_llm's own carriers; a caller's
+    headers go through the configured propagator (``parent_context``)."""
+    if not value:
+        return None
+    parts = value.strip().split("-")
+    if len(parts) < 4 or [len(p) for p in parts[:4]] != [2, 32, 16, 2]:
+        return None
+    try:
+        trace_id, span_id, flags = int(parts[1], 16), int(parts[2], 16), int(parts[3], 16)
+    except ValueError:
+        return None
+    if not trace_id or not span_id:
+        return None
+    return trace_id, span_id, flags
+
+
 def format_traceparent(trace_id: int, span_id: int, flags: int) -> str:
     return f"{_TRACEPARENT_VERSION}-{trace_id:032x}-{span_id:016x}-{flags & 0xFF:02x}"
+
+
+class TraceIdentity:
+    """A tracker's trace-identity decisions on its tracer: a request's ids (drawn at ``queued``), its one
+    sampling decision, and the flags its request span gets (for ``traceparent()`` and the spans alike).
+
+    ``ids`` / ``sampler``: the SDK tracer's id generator and sampler, wrapped once by ``PresetIds`` /
+    ``PresetSampler``; None on a tracer that has neither (not the SDK's)."""
+
+    def __init__(self, tracer: Any) -> None:
+        self._tracer = tracer
+        self._resolved: Any = None
+        self.ids: PresetIds | None = None
+        self.sampler: PresetSampler | None = None
+
+    def tracer(self) -> Any:
+        """The SDK tracer behind a proxy, with PresetIds / PresetSampler installed once."""
+        tracer = self._tracer._tracer if isinstance(self._tracer, ProxyTracer) else self._tracer
+        if tracer is not self._resolved:
+            self._resolved = tracer
+            generator = getattr(tracer, "id_generator", None)
+            sampler = getattr(tracer, "sampler", None)
+            if generator is None or sampler is None:
+                self.ids = self.sampler = None
+            else:
+                if not isinstance(generator, PresetIds):
+                    generator = tracer.id_generator = PresetIds(generator)
+                if not isinstance(sampler, PresetSampler):
+                    sampler = tracer.sampler = PresetSampler(sampler)
+                self.ids, self.sampler = generator, sampler
+        return tracer
+
+    def new_ids(self, parent: SpanContext | None) -> tuple[int, int]:
+        """(trace id, span id) of a new request span, from the tracer provider's id generator."""
+        self.tracer()
+        ids = self.ids
+        if ids is None:
+            return (parent.trace_id if parent is not None else new_trace_id()), new_span_id()
+        trace_id = parent.trace_id if parent is not None else ids.inner.generate_trace_id()
+        return trace_id, ids.inner.generate_span_id()
+
+    def decide(self, tl: Timeline, attributes: dict[str, Any]) -> Any:
+        """The sampler's result for the request span, asked once per request (None: no SDK sampler).
+
+        Kept with the attribute names the sampler saw, so a replay can tell the ones it added."""
+        if tl.sampling is None and self.sampler is not None:
+            result = self.sampler.inner.should_sample(
+                tl.parent, tl.trace_id, sc.SPAN_REQUEST, request_kind(tl), attributes
+            )
+            tl.sampling = (result, frozenset(attributes))
+        return tl.sampling[0] if tl.sampling is not None else None
+
+    def sampled(self, tl: Timeline, attributes: dict[str, Any]) -> bool:
+        """Whether the request's trace is sampled (its parent's flag where no SDK sampler decides)."""
+        result = self.decide(tl, attributes)
+        if result is not None:
+            return bool(result.decision.is_sampled())
+        parent = parent_span_context(tl.parent)
+        return parent is None or bool(parent.trace_flags.sampled)
+
+    def flags(self, parent: SpanContext | None, sampled: bool) -> int:
+        """The trace flags the SDK gives a span under ``parent``: sampled, and W3C's random-trace-id
+        flag from the id generator (a new trace) or the parent, where the SDK sets it."""
+        flags = 0x01 if sampled else 0x00
+        if parent is None:
+            random_id = self.ids is not None and self.ids.is_trace_id_random()
+        else:
+            random_id = bool(getattr(parent.trace_flags, "random_trace_id", False))
+        return flags | RANDOM_TRACE_ID_FLAG if random_id else flags
+
+    def traceparent(self, tl: Timeline, attributes: dict[str, Any]) -> str:
+        """The W3C traceparent of the request's root span, with the flags the SDK gives that span.
+        ``attributes``: those known so far."""
+        self.tracer()
+        parent = parent_span_context(tl.parent)
+        result = self.decide(tl, attributes)
+        if result is not None:
+            sampled = result.decision.is_sampled()
+        else:
+            sampled = bool(parent is not None and parent.trace_flags.sampled)
+        return format_traceparent(tl.trace_id, tl.span_id, self.flags(parent, sampled))
+
+    def continue_sampling(self, tl: Timeline, sampled: bool) -> None:
+        """Take the sampling decision of a request handed in by a prefill instance, whose sampler
+        already decided it (the flag of the carried traceparent): the trace is sampled on both sides
+        or on neither, and this instance's sampler is not asked."""
+        self.tracer()
+        if self.sampler is None:
+            return
+        from opentelemetry.sdk.trace.sampling import Decision, SamplingResult  # an SDK tracer: loaded
+
+        decision = Decision.RECORD_AND_SAMPLE if sampled else Decision.DROP
+        tl.sampling = (SamplingResult(decision, None, None), frozenset())
+
+
+def request_kind(tl: Timeline) -> SpanKind:
+    """A request served for a caller in another process is a SERVER span; under a local span it is one
+    step of that span's work (INTERNAL)."""
+    parent = parent_span_context(tl.parent)
+    return SpanKind.INTERNAL if parent is not None and not parent.is_remote else SpanKind.SERVER
+
+
+def replay(decided: tuple[Any, frozenset[str]], attributes: dict[str, Any]) -> Any:
+    """The decision taken earlier, carrying the root span's full attributes: the SDK starts the span
+    with the result's attributes, and a decision taken by traceparent() saw only those known then.
+    Attributes the sampler added itself are kept."""
+    result, seen = decided
+    extra = {k: v for k, v in (result.attributes or {}).items() if k not in seen}
+    return type(result)(result.decision, {**attributes, **extra}, result.trace_state)

@@ -49,6 +49,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_llm._version import __version__
 from otel_llm.histogram import BucketHistogram, HistogramSnapshot, HistogramSource
+from otel_llm.logs import warn_once
 from otel_llm.meter_providers import owners_for
 
 _log = logging.getLogger("otel_llm")
@@ -59,13 +60,7 @@ EXEMPLARS_TRACE_BASED, EXEMPLARS_ALWAYS, EXEMPLARS_OFF = "trace_based", "always_
 
 _lock = threading.Lock()
 _bridges: weakref.WeakKeyDictionary[Any, _Bridge | None] = weakref.WeakKeyDictionary()
-_warned: set[str] = set()
-
-
-def _warn_once(key: str, message: str, *args: Any) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        _log.warning(message, *args)
+_warn_once = warn_once
 
 
 def attach(provider: Any) -> bool:

@@ -21,38 +21,52 @@ recomputing), so a thrashing request costs a bounded number of spans on the thre
 At trace detail ``request`` only ``llm.request`` is built; at ``steps`` the engine steps the request ran
 in are added under its phases (``otel_llm.steps``).
 
-Monotonic seconds become wall-clock nanoseconds through one offset taken when the tracker started.
+Monotonic seconds become wall-clock nanoseconds through the tracker's clock (``otel_llm.clock``).
+
+One walk of the tree (``_children``) emits through either of two emitters with the same calls in the
+same order: ``_ApiSpans`` (``tracer.start_span()``, any provider) or, on an SDK provider whose set-up
+allows it, ``otel_llm.sdk_spans.RequestSpans`` (the SDK's ReadableSpans straight to its processors).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
-from opentelemetry.trace import ProxyTracer, Span, SpanContext, SpanKind, Status, StatusCode
+from opentelemetry.trace import (
+    NonRecordingSpan,
+    Span,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+)
 
 from otel_llm import semconv as sc
 from otel_llm._version import __version__
+from otel_llm.clock import Clock
 from otel_llm.handoff import remote_request_context
-from otel_llm.identity import (
-    RANDOM_TRACE_ID_FLAG,
-    PresetIds,
-    PresetSampler,
-    format_traceparent,
-    new_span_id,
-    new_trace_id,
-    parent_span_context,
-)
-from otel_llm.intervals import Intervals
+from otel_llm.identity import TraceIdentity, parent_span_context, replay, request_kind
+from otel_llm.records import MAX_PREEMPTION_SPANS, describe, request_events
 from otel_llm.steps import DETAIL_PHASES, DETAIL_REQUEST, MAX_STEP_SPANS, StepRecord, longest, step_attributes
-from otel_llm.timeline import FinishedRequest, Preemption, Timeline
+from otel_llm.timeline import FinishedRequest, Timeline
+
+__all__ = ["MAX_PREEMPTION_SPANS", "SpanBuilder"]
+
+if TYPE_CHECKING:
+    from otel_llm.sdk_spans import SdkSpans
 
 _set_span_in_context = trace.set_span_in_context
 
-# Preemptions drawn as spans (and events) per request; 2 spans and 2 events each. A request preempted
-# more often than this is thrashing, and the first ones show the pattern.
-MAX_PREEMPTION_SPANS = 32
+
+def sdk_spans() -> Any:
+    """``otel_llm.sdk_spans``, imported once a tracer is the SDK's (the SDK is loaded then): importing
+    otel_llm loads no SDK module."""
+    from otel_llm import sdk_spans as module
+
+    return module
 
 
 class SpanBuilder:
@@ -62,96 +76,27 @@ class SpanBuilder:
         self,
         tracer_provider: trace.TracerProvider | None,
         base_attributes: dict[str, Any],
-        wall_offset_ns: int,
+        clock: Clock,
         detail: str = DETAIL_PHASES,
     ) -> None:
         self.detail = detail
         provider = tracer_provider if tracer_provider is not None else trace.get_tracer_provider()
-        self._tracer = provider.get_tracer("otel_llm", __version__)
+        self.identity = TraceIdentity(provider.get_tracer("otel_llm", __version__))
         self._base = dict(base_attributes)
-        self._offset_ns = wall_offset_ns
-        self._ids: PresetIds | None = None
-        self._sampler: PresetSampler | None = None
+        self.wall_ns = clock.wall_ns  # monotonic seconds -> wall-clock ns, the tracker's one offset
         self._resolved: Any = None
-
-    def wall_ns(self, mono_s: float) -> int:
-        """Monotonic seconds -> wall-clock nanoseconds since the epoch."""
-        return self._offset_ns + int(mono_s * 1e9)
+        self._direct: SdkSpans | None = None
 
     def _real_tracer(self) -> Any:
-        """The SDK tracer behind a proxy, with PresetIds / PresetSampler installed once (see identity)."""
-        tracer = self._tracer._tracer if isinstance(self._tracer, ProxyTracer) else self._tracer
+        """The tracer the spans go through now, and the direct path for it when there is one."""
+        tracer = self.identity.tracer()
         if tracer is not self._resolved:
             self._resolved = tracer
-            generator = getattr(tracer, "id_generator", None)
-            sampler = getattr(tracer, "sampler", None)
-            if generator is None or sampler is None:
-                self._ids = self._sampler = None
-            else:
-                if not isinstance(generator, PresetIds):
-                    generator = tracer.id_generator = PresetIds(generator)
-                if not isinstance(sampler, PresetSampler):
-                    sampler = tracer.sampler = PresetSampler(sampler)
-                self._ids, self._sampler = generator, sampler
+            ids, sampler = self.identity.ids, self.identity.sampler
+            self._direct = None
+            if ids is not None and sampler is not None:
+                self._direct = sdk_spans().for_tracer(tracer, sampler.inner, ids.inner)
         return tracer
-
-    def new_ids(self, parent: SpanContext | None) -> tuple[int, int]:
-        """(trace id, span id) of a new request span, from the tracer provider's id generator."""
-        self._real_tracer()
-        ids = self._ids
-        if ids is None:
-            return (parent.trace_id if parent is not None else new_trace_id()), new_span_id()
-        trace_id = parent.trace_id if parent is not None else ids.inner.generate_trace_id()
-        return trace_id, ids.inner.generate_span_id()
-
-    def _decide(self, tl: Timeline, attributes: dict[str, Any]) -> Any:
-        """The sampler's result for the request span, asked once per request (None: no SDK sampler).
-
-        Kept with the attribute names the sampler saw, so a replay can tell the ones it added."""
-        if tl.sampling is None and self._sampler is not None:
-            result = self._sampler.inner.should_sample(
-                tl.parent, tl.trace_id, sc.SPAN_REQUEST, self._kind(tl), attributes
-            )
-            tl.sampling = (result, frozenset(attributes))
-        return tl.sampling[0] if tl.sampling is not None else None
-
-    def traceparent(self, tl: Timeline, attributes: dict[str, Any]) -> str:
-        """The W3C traceparent of the request's root span, with the flags the SDK gives that span
-        (sampled; random trace id where the SDK sets it). ``attributes``: those known so far."""
-        self._real_tracer()
-        parent = parent_span_context(tl.parent)
-        result = self._decide(tl, attributes)
-        if result is not None:
-            sampled = result.decision.is_sampled()
-        else:
-            sampled = bool(parent is not None and parent.trace_flags.sampled)
-        flags = 0x01 if sampled else 0x00
-        if parent is None:
-            random_id = self._ids is not None and self._ids.is_trace_id_random()
-        else:
-            random_id = bool(getattr(parent.trace_flags, "random_trace_id", False))
-        if random_id:
-            flags |= RANDOM_TRACE_ID_FLAG
-        return format_traceparent(tl.trace_id, tl.span_id, flags)
-
-    @staticmethod
-    def _kind(tl: Timeline) -> SpanKind:
-        parent = parent_span_context(tl.parent)
-        # A request served for a caller in another process is a SERVER span; under a local span it is
-        # one step of that span's work.
-        return SpanKind.INTERNAL if parent is not None and not parent.is_remote else SpanKind.SERVER
-
-    def continue_sampling(self, tl: Timeline, sampled: bool) -> None:
-        """Take the sampling decision of a request handed in by a prefill instance, whose sampler
-        already decided it (the flag of the carried traceparent): the trace is sampled on both sides
-        or on neither, and this instance's sampler is not asked."""
-        self._real_tracer()
-        if self._sampler is None:
-            return
-        from opentelemetry.sdk.trace.sampling import Decision, SamplingResult  # an SDK tracer: loaded
-
-        decision = Decision.RECORD_AND_SAMPLE if sampled else Decision.DROP
-        tl.sampling = (SamplingResult(decision, None, None), frozenset())
 
     def build(
         self,
@@ -159,116 +104,95 @@ class SpanBuilder:
         root_attributes: dict[str, Any],
         before_end: Callable[[Span, FinishedRequest], None] | None = None,
         steps: list[tuple[float, StepRecord]] | None = None,
-    ) -> Span:
+    ) -> Any:
         """The request's spans; returns the span whose context the metrics' exemplars point at
         (``llm.request``, or ``llm.instance.prefill`` for a request handed off to a decode instance).
         ``steps``: (span start, step) of the engine steps it ran in, for the ``steps`` detail level
-        (None otherwise)."""
-        tl = fin.timeline
+        (None otherwise). On an SDK tracer provider the spans go straight to its processors
+        (``otel_llm.sdk_spans``), elsewhere through the tracer."""
         tracer = self._real_tracer()
-        ns = self.wall_ns
-        end = fin.finished
+        direct = self._direct
+        if direct is not None and direct.ready():
+            built = self._build_direct(direct, fin, root_attributes, before_end, steps)
+            if built is not None:
+                return built
+        return self._build_api(tracer, fin, root_attributes, before_end, steps)
+
+    def _root(self, tl: Timeline, fin: FinishedRequest, attributes: dict[str, Any]) -> tuple[Any, ...]:
+        """(name, parent context, kind, preset ids) of the request's top span on this instance."""
         if fin.handed_off:
             # The decode instance emits llm.request (it knows its end); this instance's part is a child.
-            sampled = self._sampled(tl, root_attributes)
-            parent = remote_request_context(tl.trace_id, tl.span_id, sampled)
-            root = self._start_decided(
-                tracer, tl, sc.SPAN_INSTANCE_PREFILL, parent, SpanKind.SERVER, root_attributes, tl.arrival
-            )
-        else:
-            root = self._start_decided(
-                tracer, tl, sc.SPAN_REQUEST, tl.parent, self._kind(tl), root_attributes, tl.arrival, True
-            )
+            parent = remote_request_context(tl.trace_id, tl.span_id, self.identity.sampled(tl, attributes))
+            return sc.SPAN_INSTANCE_PREFILL, parent, SpanKind.SERVER, False
+        return sc.SPAN_REQUEST, tl.parent, request_kind(tl), True
+
+    def _build_api(
+        self,
+        tracer: Any,
+        fin: FinishedRequest,
+        root_attributes: dict[str, Any],
+        before_end: Callable[[Span, FinishedRequest], None] | None,
+        steps: list[tuple[float, StepRecord]] | None,
+    ) -> Span:
+        tl = fin.timeline
+        name, parent, kind, preset = self._root(tl, fin, root_attributes)
+        root = self._start_decided(tracer, tl, name, parent, kind, root_attributes, tl.arrival, preset)
         if not root.is_recording():
             return root
-        top = self._children(tracer, root, fin, steps) if self.detail != DETAIL_REQUEST else root
-        for name, attributes, at in _events(tl, fin):
-            top.add_event(name, attributes, timestamp=ns(at))
-        if fin.reason in sc.FAILED_REASONS:
-            root.set_status(Status(StatusCode.ERROR, _describe(fin)))
-        if top is not root:
-            top.end(end_time=ns(end))
+        self._finish_tree(_ApiSpans(tracer), root, fin, steps)
         if before_end is not None:
             before_end(root, fin)
-        root.end(end_time=ns(end))
+        root.end(end_time=self.wall_ns(fin.finished))
         return root
 
-    def _children(
-        self, tracer: Any, root: Span, fin: FinishedRequest, steps: list[tuple[float, StepRecord]] | None
-    ) -> Span:
-        """The instance, phase and preemption spans under ``root`` (and the step spans, given ``steps``);
-        returns the span the request's events belong on (the decode instance's span, or ``root``)."""
+    def _build_direct(
+        self,
+        direct: SdkSpans,
+        fin: FinishedRequest,
+        root_attributes: dict[str, Any],
+        before_end: Callable[[Span, FinishedRequest], None] | None,
+        steps: list[tuple[float, StepRecord]] | None,
+    ) -> Any:
+        """The spans ``_build_api`` makes, as ReadableSpans given to the processors; None when this
+        request's spans need the tracer (descendants that would not all be recorded)."""
         tl = fin.timeline
+        name, parent, kind, preset = self._root(tl, fin, root_attributes)
+        self.identity.decide(tl, root_attributes)
+        result = replay(tl.sampling, root_attributes)
+        parent_span = parent_span_context(parent)
+        span_id = tl.span_id if preset else direct.new_span_id()
+        flags = self.identity.flags(parent_span, result.decision.is_sampled())
+        context = SpanContext(tl.trace_id, span_id, False, TraceFlags(flags), result.trace_state)
+        if not result.decision.is_recording():
+            return NonRecordingSpan(context)
+        emit = direct.request(context, self.detail != DETAIL_REQUEST)
+        if emit is None:
+            return None
+        root = sdk_spans().Open(
+            name, context, parent_span, kind, dict(result.attributes), self.wall_ns(tl.arrival)
+        )
+        self._finish_tree(emit, root, fin, steps)
+        end = self.wall_ns(fin.finished)
+        if before_end is None:
+            return emit.end(root, end)
+        live = emit.live(root, parent)
+        before_end(live, fin)
+        live.end(end_time=end)
+        return live
+
+    def _finish_tree(
+        self, emit: Any, root: Any, fin: FinishedRequest, steps: list[tuple[float, StepRecord]] | None
+    ) -> None:
+        """Everything under and on ``root`` but its end: children, the request's events, the status."""
         ns = self.wall_ns
-        end = fin.finished
-        start = tracer.start_span
-
-        def child(name: str, ctx: Any, t0: float, t1: float, attributes: Any = None) -> Span:
-            span = start(name, context=ctx, start_time=ns(t0), attributes=attributes)
-            span.end(end_time=ns(t1))
-            return span
-
-        top, top_ctx = root, _set_span_in_context(root)
-        if tl.handed_in:
-            top = start(
-                sc.SPAN_INSTANCE_DECODE,
-                context=top_ctx,
-                start_time=ns(tl.queued),
-                attributes={sc.LLM_ROLE: sc.ROLE_DECODE},
-            )
-            top_ctx = _set_span_in_context(top)
-        s1, first = tl.first_scheduled, tl.first_token
-        kv_attrs = {sc.LLM_KV_TRANSFER_BYTES: tl.kv_bytes} if tl.kv_bytes is not None else None
-        prefill = decode = None
-        if tl.handed_in:
-            # Decode instance: [Q, K] the KV arriving, [K, S1] waiting to be scheduled, [S1, E] decoding.
-            ready = tl.queued
-            if tl.kv_done is not None:
-                ready = tl.kv_done
-                child(sc.SPAN_KV_TRANSFER, top_ctx, tl.queued, ready, kv_attrs)
-            child(sc.SPAN_QUEUE, top_ctx, ready, s1 if s1 is not None else end)
-            if s1 is not None:
-                decode = prefill = start(sc.SPAN_DECODE, context=top_ctx, start_time=ns(s1))
-        else:
-            if tl.arrival < tl.queued:  # the API server's part: not queue time, but in TTFT and e2e
-                child(sc.SPAN_ADMISSION, top_ctx, tl.arrival, tl.queued)
-            child(sc.SPAN_QUEUE, top_ctx, tl.queued, s1 if s1 is not None else end)
-            if s1 is not None:
-                prefill = start(sc.SPAN_PREFILL, context=top_ctx, start_time=ns(s1))
-            if first is not None and not fin.handed_off:
-                decode = start(sc.SPAN_DECODE, context=top_ctx, start_time=ns(first))
-        preemptions = tl.preemptions
-        for k, p in enumerate(preemptions[:MAX_PREEMPTION_SPANS]):
-            phase = decode if p.after_first_token else prefill
-            if phase is not None:
-                # A recompute cut short by the next preemption ends there, so the spans never overlap.
-                until = preemptions[k + 1].preempted if k + 1 < len(preemptions) else end
-                self._preemption_spans(child, _set_span_in_context(phase), p, until)
-        if steps is not None:
-            root.set_attribute(sc.LLM_STEPS, len(steps))
-            root.set_attribute(sc.LLM_STEPS_UNSPANNED, max(0, len(steps) - MAX_STEP_SPANS))
-            prefill_ctx = _set_span_in_context(prefill) if prefill is not None else top_ctx
-            decode_ctx = _set_span_in_context(decode) if decode is not None else top_ctx
-            for t0, record in longest(steps, MAX_STEP_SPANS):
-                ctx = prefill_ctx if first is None or record.ts <= first else decode_ctx
-                span = start(
-                    sc.SPAN_ENGINE_STEP, context=ctx, start_time=ns(t0), attributes=step_attributes(record)
-                )
-                span.end(end_time=ns(record.ts))
-        if prefill is not None and prefill is not decode:
-            prefill.end(end_time=ns(first if first is not None else end))
-        if decode is not None:
-            decode.end(end_time=ns(end))
-        if fin.handed_off:  # [F, K]: the KV cache held after the first token until it was sent
-            child(sc.SPAN_KV_TRANSFER, top_ctx, first if first is not None else tl.last_event, end, kv_attrs)
-        return top
-
-    def _sampled(self, tl: Timeline, attributes: dict[str, Any]) -> bool:
-        result = self._decide(tl, attributes)
-        if result is not None:
-            return bool(result.decision.is_sampled())
-        parent = parent_span_context(tl.parent)
-        return parent is None or bool(parent.trace_flags.sampled)
+        top = _children(emit, ns, root, fin, steps) if self.detail != DETAIL_REQUEST else root
+        add_event = emit.add_event
+        for name, attributes, at in request_events(fin.timeline, fin):
+            add_event(top, name, attributes, ns(at))
+        if fin.reason in sc.FAILED_REASONS:
+            emit.set_status(root, Status(StatusCode.ERROR, describe(fin)))
+        if top is not root:
+            emit.end(top, ns(fin.finished))
 
     def _start_decided(
         self,
@@ -282,12 +206,12 @@ class SpanBuilder:
         preset_ids: bool = False,
     ) -> Span:
         """Start a span with the request's one sampling decision (and its preset ids when asked)."""
-        ids, sampler = self._ids, self._sampler
+        ids, sampler = self.identity.ids, self.identity.sampler
         if ids is not None and sampler is not None:
             if preset_ids:
                 ids.preset(tl.trace_id, tl.span_id)
-            self._decide(tl, attributes)
-            sampler.preset(_replay(tl.sampling, attributes))
+            self.identity.decide(tl, attributes)
+            sampler.preset(replay(tl.sampling, attributes))
         try:
             return tracer.start_span(
                 name, context=parent, kind=kind, attributes=attributes, start_time=self.wall_ns(at)
@@ -297,107 +221,104 @@ class SpanBuilder:
                 ids.clear()
                 sampler.clear()
 
+
+class _ApiSpans:
+    """The emitter ``_children`` walks a trace with, through ``tracer.start_span()`` (any provider)."""
+
+    __slots__ = ("_start",)
+
+    def __init__(self, tracer: Any) -> None:
+        self._start = tracer.start_span
+
+    under = staticmethod(_set_span_in_context)
+
+    def start(self, name: str, parent: Any, t0: int, attributes: Any = None) -> Span:
+        return self._start(name, context=parent, start_time=t0, attributes=attributes)
+
+    def child(self, name: str, parent: Any, t0: int, t1: int, attributes: Any = None) -> None:
+        self._start(name, context=parent, start_time=t0, attributes=attributes).end(end_time=t1)
+
     @staticmethod
-    def _preemption_spans(child: Any, ctx: Any, p: Preemption, end: float) -> None:
-        resumed = p.rescheduled
-        child(sc.SPAN_PREEMPTED, ctx, p.preempted, resumed if resumed is not None else end)
-        if resumed is not None:
-            child(sc.SPAN_RECOMPUTE, ctx, resumed, p.recomputed if p.recomputed is not None else end)
+    def end(span: Span, t1: int) -> None:
+        span.end(end_time=t1)
+
+    @staticmethod
+    def set_attribute(span: Span, key: str, value: Any) -> None:
+        span.set_attribute(key, value)
+
+    @staticmethod
+    def add_event(span: Span, name: str, attributes: Any, at: int) -> None:
+        span.add_event(name, attributes, timestamp=at)
+
+    @staticmethod
+    def set_status(span: Span, status: Status) -> None:
+        span.set_status(status)
 
 
-def _replay(decided: tuple[Any, frozenset[str]], attributes: dict[str, Any]) -> Any:
-    """The decision taken earlier, carrying the root span's full attributes: the SDK starts the span
-    with the result's attributes, and a decision taken by traceparent() saw only those known then.
-    Attributes the sampler added itself are kept."""
-    result, seen = decided
-    extra = {k: v for k, v in (result.attributes or {}).items() if k not in seen}
-    return type(result)(result.decision, {**attributes, **extra}, result.trace_state)
-
-
-def _events(tl: Timeline, fin: FinishedRequest) -> list[tuple[str, dict[str, Any] | None, float]]:
-    """The events of ``llm.request`` as (name, attributes, monotonic seconds), in time order.
-
-    Trace UIs list events in the order they were added, so they are sorted here; the sort is stable, so
-    events at one instant keep their lifecycle order (a preemption before the scheduling that resumes it).
-    """
-    events: list[tuple[str, dict[str, Any] | None, float]] = [(sc.EVENT_QUEUED, None, tl.queued)]
-    if tl.first_scheduled is not None:
-        events.append((sc.EVENT_SCHEDULED, {sc.LLM_RESUMED: False}, tl.first_scheduled))
-    if tl.first_token is not None:
-        events.append((sc.EVENT_FIRST_TOKEN, None, tl.first_token))
-    for p in tl.preemptions[:MAX_PREEMPTION_SPANS]:
-        events.append((sc.EVENT_PREEMPTED, {sc.LLM_OUTPUT_TOKENS: p.output_tokens}, p.preempted))
-        if p.rescheduled is not None:
-            events.append((sc.EVENT_SCHEDULED, {sc.LLM_RESUMED: True}, p.rescheduled))
-    if tl.kv_done is not None or fin.handed_off:
-        kv = {sc.LLM_KV_TRANSFER_BYTES: tl.kv_bytes} if tl.kv_bytes is not None else None
-        if fin.handed_off:
-            events.append((sc.EVENT_KV_SENT, kv, fin.finished))
-        else:
-            events.append((sc.EVENT_KV_RECEIVED, kv, tl.kv_done))  # type: ignore[arg-type]
-    events.sort(key=lambda e: e[2])
-    return events
-
-
-def start_attributes(tl: Timeline, base: dict[str, Any]) -> dict[str, Any]:
-    """The request span's attributes known from ``queued`` on (what a sampler sees before the end)."""
-    attrs: dict[str, Any] = dict(tl.attributes) if tl.attributes else {}
-    attrs.update(base)
-    attrs[sc.LLM_REQUEST_ID] = str(tl.request_id)
-    if tl.prompt_tokens is not None:
-        attrs[sc.GEN_AI_USAGE_INPUT_TOKENS] = tl.prompt_tokens
-    return attrs
-
-
-def root_attributes(
-    fin: FinishedRequest, iv: Intervals, base: dict[str, Any], err: str | None
-) -> dict[str, Any]:
-    """The attributes of ``llm.request``: the user's from ``queued`` first, so ours win on a clash."""
+def _children(
+    emit: Any,
+    ns: Callable[[float], int],
+    root: Any,
+    fin: FinishedRequest,
+    steps: list[tuple[float, StepRecord]] | None,
+) -> Any:
+    """The instance, phase and preemption spans under ``root`` (and the step spans, given ``steps``),
+    through ``emit`` (``_ApiSpans`` or ``otel_llm.sdk_spans.RequestSpans``: the same calls, in the same
+    order, so both draw span ids alike); returns the span the request's events belong on (the decode
+    instance's span, or ``root``). ``ns``: monotonic seconds -> wall-clock ns."""
     tl = fin.timeline
-    attrs = start_attributes(tl, base)
-    attrs[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = tl.output_tokens
-    attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = (fin.reason,)
-    attrs[sc.LLM_PREEMPTIONS] = len(tl.preemptions)
-    if tl.cached_tokens is not None:
-        attrs[sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = tl.cached_tokens
-    if len(tl.preemptions) > MAX_PREEMPTION_SPANS:
-        count, preempted_s, recompute_s = _unspanned(fin)
-        attrs[sc.LLM_PREEMPTIONS_UNSPANNED] = count
-        attrs[sc.LLM_PREEMPTIONS_UNSPANNED_PREEMPTED] = preempted_s
-        attrs[sc.LLM_PREEMPTIONS_UNSPANNED_RECOMPUTE] = recompute_s
-    if err is not None:
-        attrs[sc.ERROR_TYPE] = err
-    attrs.update(iv.span_attributes())
-    return attrs
-
-
-def _unspanned(fin: FinishedRequest) -> tuple[int, float, float]:
-    """Preemptions past the span cap: their count, and seconds evicted and recomputing, measured with the
-    bounds their spans would have had (a recompute cut short by the next preemption ends there)."""
-    preemptions = fin.timeline.preemptions
-    preempted_s = recompute_s = 0.0
-    for k in range(MAX_PREEMPTION_SPANS, len(preemptions)):
-        p = preemptions[k]
-        until = preemptions[k + 1].preempted if k + 1 < len(preemptions) else fin.finished
-        resumed = p.rescheduled
-        preempted_s += (resumed if resumed is not None else until) - p.preempted
-        if resumed is not None:
-            recompute_s += (p.recomputed if p.recomputed is not None else until) - resumed
-    return len(preemptions) - MAX_PREEMPTION_SPANS, preempted_s, recompute_s
-
-
-def _describe(fin: FinishedRequest) -> str:
-    if fin.error is None:
-        return fin.reason
-    if isinstance(fin.error, BaseException):
-        return f"{type(fin.error).__name__}: {fin.error}"
-    return str(fin.error)
-
-
-def error_type(fin: FinishedRequest) -> str | None:
-    """``error.type`` for a failed request: the exception's class, else the reason itself."""
-    if fin.reason not in sc.FAILED_REASONS:
-        return None
-    if isinstance(fin.error, BaseException):
-        return type(fin.error).__qualname__
-    return fin.reason
+    end = fin.finished
+    start, child, under = emit.start, emit.child, emit.under
+    top, top_ctx = root, under(root)
+    if tl.handed_in:
+        top = start(sc.SPAN_INSTANCE_DECODE, top_ctx, ns(tl.queued), {sc.LLM_ROLE: sc.ROLE_DECODE})
+        top_ctx = under(top)
+    s1, first = tl.first_scheduled, tl.first_token
+    kv_attrs = {sc.LLM_KV_TRANSFER_BYTES: tl.kv_bytes} if tl.kv_bytes is not None else None
+    prefill = decode = None
+    if tl.handed_in:
+        # Decode instance: [Q, K] the KV arriving, [K, S1] waiting to be scheduled, [S1, E] decoding.
+        ready = tl.queued
+        if tl.kv_done is not None:
+            ready = tl.kv_done
+            child(sc.SPAN_KV_TRANSFER, top_ctx, ns(tl.queued), ns(ready), kv_attrs)
+        child(sc.SPAN_QUEUE, top_ctx, ns(ready), ns(s1 if s1 is not None else end))
+        if s1 is not None:
+            decode = prefill = start(sc.SPAN_DECODE, top_ctx, ns(s1))
+    else:
+        if tl.arrival < tl.queued:  # the API server's part: not queue time, but in TTFT and e2e
+            child(sc.SPAN_ADMISSION, top_ctx, ns(tl.arrival), ns(tl.queued))
+        child(sc.SPAN_QUEUE, top_ctx, ns(tl.queued), ns(s1 if s1 is not None else end))
+        if s1 is not None:
+            prefill = start(sc.SPAN_PREFILL, top_ctx, ns(s1))
+        if first is not None and not fin.handed_off:
+            decode = start(sc.SPAN_DECODE, top_ctx, ns(first))
+    preemptions = tl.preemptions
+    for k, p in enumerate(preemptions[:MAX_PREEMPTION_SPANS]):
+        phase = decode if p.after_first_token else prefill
+        if phase is not None:
+            # A recompute cut short by the next preemption ends there, so the spans never overlap.
+            until = preemptions[k + 1].preempted if k + 1 < len(preemptions) else end
+            ctx = under(phase)
+            resumed = p.rescheduled
+            child(sc.SPAN_PREEMPTED, ctx, ns(p.preempted), ns(resumed if resumed is not None else until))
+            if resumed is not None:
+                recomputed = p.recomputed if p.recomputed is not None else until
+                child(sc.SPAN_RECOMPUTE, ctx, ns(resumed), ns(recomputed))
+    if steps is not None:
+        emit.set_attribute(root, sc.LLM_STEPS, len(steps))
+        emit.set_attribute(root, sc.LLM_STEPS_UNSPANNED, max(0, len(steps) - MAX_STEP_SPANS))
+        prefill_ctx = under(prefill) if prefill is not None else top_ctx
+        decode_ctx = under(decode) if decode is not None else top_ctx
+        for t0, record in longest(steps, MAX_STEP_SPANS):
+            ctx = prefill_ctx if first is None or record.ts <= first else decode_ctx
+            child(sc.SPAN_ENGINE_STEP, ctx, ns(t0), ns(record.ts), step_attributes(record))
+    if prefill is not None and prefill is not decode:
+        emit.end(prefill, ns(first if first is not None else end))
+    if decode is not None:
+        emit.end(decode, ns(end))
+    if fin.handed_off:  # [F, K]: the KV cache held after the first token until it was sent
+        child(
+            sc.SPAN_KV_TRANSFER, top_ctx, ns(first if first is not None else tl.last_event), ns(end), kv_attrs
+        )
+    return top

@@ -28,14 +28,17 @@ from opentelemetry.trace import Span
 from otel_llm import anomalies as an
 from otel_llm import attributes as user_attrs
 from otel_llm import semconv as sc
+from otel_llm.clock import Clock
 from otel_llm.engine_state import EngineState, count
+from otel_llm.finish import Finisher
 from otel_llm.handoff import make_carrier, read_carrier
 from otel_llm.identity import parent_context, parent_span_context
 from otel_llm.intervals import Intervals
 from otel_llm.metrics import RequestMetrics
+from otel_llm.records import MAX_PREEMPTION_SPANS, start_attributes
 from otel_llm.sampling import TailSampler, TailSampling
-from otel_llm.spans import MAX_PREEMPTION_SPANS, SpanBuilder, error_type, root_attributes, start_attributes
-from otel_llm.steps import DETAIL_STEPS, StepLog, of_request, resolve_detail
+from otel_llm.spans import SpanBuilder
+from otel_llm.steps import DETAIL_STEPS, StepLog, resolve_detail
 from otel_llm.timeline import PREEMPTED, RUNNING, WAITING, FinishedRequest, Preemption, Step, Timeline
 
 _log = logging.getLogger("otel_llm")
@@ -57,6 +60,7 @@ _LIVE_TRACKERS: weakref.WeakSet[RequestTracker] = weakref.WeakSet()
 def _renew_locks_after_fork() -> None:
     for tracker in list(_LIVE_TRACKERS):
         tracker._lock = threading.Lock()
+        tracker._finisher.lock = tracker._lock
         tracker._metrics.renew_lock(tracker._lock)
 
 
@@ -179,7 +183,6 @@ class RequestTracker:
             raise TypeError(
                 f"span_hook must be a callable (span, finished_request) -> None, got {span_hook!r}"
             )
-        self._span_hook = span_hook
         self.model = model
         self.max_in_flight = max_in_flight
         self.max_age_s = float(max_age_s)
@@ -196,7 +199,8 @@ class RequestTracker:
         self._batch: list[Any] | tuple[Any, ...] | None = None
         self._anomalies = an.AnomalyCounter()
         self._evicted = 0
-        self._spans = SpanBuilder(tracer_provider, base, time.time_ns() - time.monotonic_ns(), detail)
+        self.clock = Clock()  # monotonic -> wall-clock, for every time this tracker and its engine export
+        self._spans = SpanBuilder(tracer_provider, base, self.clock, detail)
         self.trace_detail = detail
         # The last engine steps, for llm.engine.step spans (detail "steps" only: one append per step).
         self._step_log: StepLog | None = StepLog() if detail == DETAIL_STEPS else None
@@ -212,6 +216,19 @@ class RequestTracker:
                 self._tail.observe,
                 counter=True,
             )
+        self._finisher = Finisher(
+            self._spans,
+            self._metrics,
+            self.clock,
+            base,
+            self._tail,
+            self._step_log,
+            span_hook,
+            self._lock,
+            self._note,
+            self._adopt_itl,
+        )
+        self._finish = self._finisher.finish
         self._itl = self._metrics.itl  # inter-token latency: added to on the hot path, under self._lock
         self._metrics.observe(
             sc.METRIC_ACTIVE,
@@ -271,13 +288,15 @@ class RequestTracker:
             )
         ts = self._timestamp(ts)
         arrival = ts if arrival_ts is None else self._timestamp(arrival_ts)
-        handed = read_carrier(carrier) if self.role == sc.ROLE_DECODE and carrier is not None else None
+        handed = (
+            read_carrier(carrier, self.clock) if self.role == sc.ROLE_DECODE and carrier is not None else None
+        )
         if handed is not None:
             parent, trace_id, span_id = handed.parent, handed.trace_id, handed.span_id
             arrival = arrival if handed.arrival is None else handed.arrival
         else:
             parent, _remote = parent_context(carrier)
-            trace_id, span_id = self._spans.new_ids(parent_span_context(parent))
+            trace_id, span_id = self._spans.identity.new_ids(parent_span_context(parent))
         user_attributes, problems = user_attrs.clean(attributes) if attributes else (None, ())
         with self._lock:
             for kind in problems:
@@ -296,7 +315,7 @@ class RequestTracker:
                 if handed is not None:
                     tl.handed_in = True
                     tl.prefill_kept = handed.prefill_kept
-                    self._spans.continue_sampling(tl, handed.sampled)
+                    self._spans.identity.continue_sampling(tl, handed.sampled)
                 self._states[WAITING] += 1
         if self._anomalies.unlogged:
             self._anomalies.log_pending()
@@ -561,7 +580,7 @@ class RequestTracker:
         if self._tail is not None:
             fin = FinishedRequest(tl, tl.last_event, sc.REASON_HANDED_OFF, None, handed_off=True)
             kept = self._tail.would_keep(fin, Intervals(fin))
-        return make_carrier(traceparent, parent_span_context(tl.parent), tl.arrival, kept)
+        return make_carrier(traceparent, parent_span_context(tl.parent), tl.arrival, self.clock, kept)
 
     def traceparent(self, request_id: Any) -> str | None:
         """The W3C ``traceparent`` header value of the request's ``llm.request`` span (None if unknown)."""
@@ -570,7 +589,7 @@ class RequestTracker:
         if tl is None:
             return None
         try:
-            return self._spans.traceparent(tl, start_attributes(tl, self._base))
+            return self._spans.identity.traceparent(tl, start_attributes(tl, self._base))
         except Exception:  # a broken third-party sampler must not take the API thread down
             _log.warning("otel_llm: could not compute a traceparent", exc_info=True)
             return None
@@ -594,6 +613,11 @@ class RequestTracker:
     def __contains__(self, request_id: object) -> bool:
         """Whether ``request_id`` is queued and not yet finished (or evicted)."""
         return request_id in self._inflight
+
+    @property
+    def tracer_provider(self) -> trace.TracerProvider | None:
+        """The tracer provider given at construction (None: the global one)."""
+        return self._tracer_provider
 
     @property
     def in_flight(self) -> int:
@@ -708,39 +732,11 @@ class RequestTracker:
         """Called under self._lock when the metrics moved to another provider's recorders."""
         self._itl = itl
 
-    def _finish(self, fin: FinishedRequest) -> None:
-        """Build spans and record metrics; telemetry trouble is logged and counted, never raised."""
-        try:
-            # A tracker made before the global MeterProvider was set moves to it here, before a
-            # collection of that provider can miss its histograms (a pointer comparison when settled).
-            self._metrics.resolve(self._adopt_itl)
-            iv = Intervals(fin)
-            err = error_type(fin)
-            span = None  # a trace not kept has no span: its metrics carry no exemplar
-            if self._tail is None or self._tail.keep(fin, iv):
-                steps = None
-                if self._step_log is not None:
-                    with self._lock:
-                        recent = self._step_log.since(fin.timeline.first_scheduled)
-                    steps = of_request(fin, recent)
-                attrs = root_attributes(fin, iv, self._base, err)
-                hook = self._run_span_hook if self._span_hook else None
-                span = self._spans.build(fin, attrs, hook, steps).get_span_context()
-            self._metrics.record(fin, iv, span, err, self._spans.wall_ns(fin.finished))
-        except Exception:
-            with self._lock:
-                self._anomalies.note(an.FINISH_FAILED, fin.timeline.request_id)
-            self._anomalies.log_pending()
-            _log.debug("otel_llm: finishing request %r failed", fin.timeline.request_id, exc_info=True)
-
-    def _run_span_hook(self, span: Span, fin: FinishedRequest) -> None:
-        try:
-            self._span_hook(span, fin)  # type: ignore[misc]
-        except Exception:  # user code: never let it cost the trace or the engine
-            with self._lock:
-                self._anomalies.note(an.SPAN_HOOK_FAILED, fin.timeline.request_id)
-            self._anomalies.log_pending()
-            _log.debug("otel_llm: span_hook raised", exc_info=True)
+    def _note(self, kind: str, request_id: Any) -> None:
+        """Count an anomaly from outside the lock (the finishing pipeline), and log it once."""
+        with self._lock:
+            self._anomalies.note(kind, request_id)
+        self._anomalies.log_pending()
 
     # --- observable callbacks (run in the metric reader's thread) --------------------------------
 

@@ -31,6 +31,7 @@ SUITE = [
     "tests/test_metrics_bridge.py",
     "tests/test_properties.py",
     "tests/test_setup.py",
+    "tests/test_span_paths.py",
     "tests/test_trace_shape.py",
     "tests/test_wire.py",
 ]

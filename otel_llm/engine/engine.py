@@ -103,7 +103,11 @@ class LLMEngine:
         self._prefix_hits_reported = 0
         self._prefix_queries_reported = 0
         self.telemetry = EngineTelemetry(
-            self.scheduler, meter_provider, tracer_provider, step_spans=self.config.step_spans
+            self.scheduler,
+            meter_provider,
+            tracer_provider,
+            step_spans=self.config.step_spans,
+            clock=getattr(tracker, "clock", None),  # a RequestTracker's: step and request spans agree
         )
         self._seqs: dict[str, Sequence] = {}
         self._ids = itertools.count()

@@ -6,7 +6,6 @@ Per-request telemetry is not here: it goes through the public hook (RequestTrack
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
@@ -14,7 +13,8 @@ from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import Link, SpanContext, TraceFlags
 
-from otel_llm import semconv
+from otel_llm import identity, semconv
+from otel_llm.clock import Clock
 
 if TYPE_CHECKING:
     from otel_llm.engine.scheduler import Scheduler
@@ -50,17 +50,10 @@ _SCOPE = "otel_llm.engine"
 
 def parse_traceparent(value: str | None) -> SpanContext | None:
     """A remote SpanContext from a W3C ``traceparent`` value, or None if it is missing or malformed."""
-    if not value:
+    parsed = identity.parse_traceparent(value)
+    if parsed is None:
         return None
-    parts = value.strip().split("-")
-    if len(parts) < 4 or len(parts[1]) != 32 or len(parts[2]) != 16 or len(parts[3]) != 2:
-        return None
-    try:
-        trace_id, span_id, flags = int(parts[1], 16), int(parts[2], 16), int(parts[3], 16)
-    except ValueError:
-        return None
-    if not trace_id or not span_id:
-        return None
+    trace_id, span_id, flags = parsed
     return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags))
 
 
@@ -73,7 +66,9 @@ class EngineTelemetry:
         meter_provider: metrics.MeterProvider | None = None,
         tracer_provider: trace.TracerProvider | None = None,
         step_spans: bool = False,
+        clock: Clock | None = None,
     ) -> None:
+        """``clock``: the tracker's, so step spans line up with its request spans (else one of its own)."""
         self._scheduler = scheduler
         meter = (meter_provider or metrics.get_meter_provider()).get_meter(_SCOPE)
         gauges = (
@@ -98,7 +93,7 @@ class EngineTelemetry:
         self._tracer = (
             (tracer_provider or trace.get_tracer_provider()).get_tracer(_SCOPE) if step_spans else None
         )
-        self._wall_offset_ns = time.time_ns() - time.monotonic_ns()  # monotonic -> epoch, taken once
+        self._wall_ns = (clock or Clock()).wall_ns  # monotonic -> epoch, one offset
         self._step_index = 0
 
     def _observer(
@@ -153,6 +148,6 @@ class EngineTelemetry:
             context=trace.set_span_in_context(trace.INVALID_SPAN),  # a root: each step is its own trace
             links=links,
             attributes=attributes,
-            start_time=int(start_ts * 1e9) + self._wall_offset_ns,
+            start_time=self._wall_ns(start_ts),
         )
-        span.end(end_time=int(end_ts * 1e9) + self._wall_offset_ns)
+        span.end(end_time=self._wall_ns(end_ts))

@@ -12,7 +12,6 @@ converted to wall-clock nanoseconds with the tracker's own offset, so the childr
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,8 +26,7 @@ _SCOPE = "otel_llm.integrations.vllm"
 
 def wall_offset_ns(tracker: Any) -> int:
     """The tracker's monotonic-to-wall-clock offset (ns), so our spans line up with its spans exactly."""
-    offset = getattr(getattr(tracker, "_spans", None), "_offset_ns", None)
-    return offset if isinstance(offset, int) else time.time_ns() - time.monotonic_ns()
+    return int(tracker.clock.offset_ns)
 
 
 class Choices:
@@ -45,7 +43,7 @@ class Choices:
         carrier: Mapping[str, str] | None,
     ) -> None:
         """``arrival``: monotonic seconds; ``count``: choices that will finish (``n``)."""
-        provider = getattr(tracker, "_tracer_provider", None)
+        provider = tracker.tracer_provider
         tracer = trace.get_tracer(_SCOPE, tracer_provider=provider)
         parent = propagate.extract(dict(carrier)) if carrier else None
         self._offset_ns = wall_offset_ns(tracker)
