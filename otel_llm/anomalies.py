@@ -1,4 +1,4 @@
-"""Counting what an engine reports that does not fit the lifecycle (lifecycle.md, "odd input").
+"""Counting what an engine reports that does not fit the lifecycle (docs/lifecycle.md, "Odd input").
 
 Hooks never raise for these: each kind is counted (exported as the ``otel_llm.anomalies`` self-metric)
 and logged once per tracker, so a misbehaving engine is visible without flooding its logs. The log call

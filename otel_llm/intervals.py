@@ -1,4 +1,4 @@
-"""The derived latency values of a finished request (vLLM V1's rules; lifecycle.md, "Metric values").
+"""The derived latency values of a finished request (vLLM V1's rules; docs/lifecycle.md, "Values").
 
 All values are seconds computed from monotonic timestamps; None where the request never reached the
 point that defines the value. Spans (as ``llm.latency.*`` attributes) and metrics use the same numbers.

@@ -282,7 +282,7 @@ class RequestMetrics:
         error_type: str | None,
         time_ns: int,
     ) -> None:
-        """Every value lifecycle.md defines for this request; TTFT and TPOT skip failed requests.
+        """Every value docs/lifecycle.md defines for this request; TTFT and TPOT skip failed requests.
 
         ``span``: the request span's context, whose ids become the exemplars when the exemplar filter
         lets them (by default: when the span is sampled). ``time_ns``: wall-clock time of the request's

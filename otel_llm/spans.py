@@ -1,6 +1,6 @@
 """A finished request's timeline -> its spans, with explicit start/end times, events and attributes.
 
-Built once per request when it finishes (lifecycle.md, "The trace"):
+Built once per request when it finishes (docs/lifecycle.md, "The trace"):
 
     llm.request [A, E]
     ├─ llm.admission [A, Q]        only when A < Q (an API server's parsing, tokenizing, admission)

@@ -3,7 +3,7 @@
 Three levels, one setting (``RequestTracker(trace_detail=...)`` or ``OTEL_LLM_TRACE_DETAIL``):
 
 - ``request``: one ``llm.request`` span per request, with its latency attributes and events (vLLM's shape);
-- ``phases`` (the default): ``llm.request`` with its phase and preemption spans (lifecycle.md);
+- ``phases`` (the default): ``llm.request`` with its phase and preemption spans (docs/lifecycle.md);
 - ``steps``: ``phases`` plus ``llm.engine.step`` spans under ``llm.prefill`` / ``llm.decode``: the engine
   steps (``tokens()`` calls) taken while the request was in the running batch, each from the previous
   step to its own tokens event.

@@ -2,7 +2,7 @@
 
 All timestamps are ``time.monotonic()`` seconds (floats). A Timeline is written only by the tracker's
 hooks while the request is in flight and read once by the span and metric builders after it finished.
-Names follow lifecycle.md: A arrival, Q queued, S1 first scheduled, F first tokens event, L last tokens
+Names follow docs/lifecycle.md: A arrival, Q queued, S1 first scheduled, F first tokens event, L last tokens
 event, E finished; per preemption P_k (preempted), R_k (rescheduled), T_k (first tokens after R_k).
 Disaggregated serving adds K, the end of the request's KV transfer on this instance: sent (the prefill
 instance's hand-off, which ends the request there) or received (on the decode instance).

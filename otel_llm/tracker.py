@@ -8,7 +8,7 @@ to the histogram once per step, not once per request.
 
 Threads: every hook takes one lock for its in-memory bookkeeping (never across export or span building),
 so an API thread may call ``queued``/``finished`` while the engine thread calls the batch hooks.
-Clock: ``time.monotonic()`` seconds everywhere; see lifecycle.md for every rule.
+Clock: ``time.monotonic()`` seconds everywhere; see docs/lifecycle.md for every rule.
 """
 
 from __future__ import annotations

@@ -291,7 +291,7 @@ class HttpReceiver(_Receiver):
 
 # --- helpers shared by the wire and file tests ------------------------------------------------------
 
-# The ten histograms of lifecycle.md's metric table, written out here (not read from the package), so a
+# The ten histograms of the README's metrics table, written out here (not read from the package), so a
 # histogram the package stops emitting fails every test that expects "all of them".
 HISTOGRAMS = (
     sc.METRIC_TTFT,
@@ -334,7 +334,7 @@ CALLER_TRACEPARENT = f"00-{CALLER_TRACE_ID}-{CALLER_SPAN_ID}-01"
 
 @dataclass(frozen=True)
 class ScenarioCounts:
-    """What lifecycle.md says the three scenario requests produce (worked out by hand, not by the code)."""
+    """What docs/lifecycle.md says the three scenario requests produce (worked out by hand, not by code)."""
 
     requests: int = 3
     # r1 and r3: request, queue, prefill, decode; r2 adds one preempted and one recompute span.

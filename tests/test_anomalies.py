@@ -1,4 +1,4 @@
-"""lifecycle.md, "When the engine reports something odd": no hook raises, each kind is counted."""
+"""docs/lifecycle.md, "Odd input": no hook raises, each kind is counted."""
 
 from __future__ import annotations
 

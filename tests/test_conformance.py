@@ -1,4 +1,4 @@
-"""lifecycle.md, scenario by scenario: one engine story, the trace and the metric values it must give.
+"""docs/lifecycle.md, scenario by scenario: one engine story, the trace and the metric values it must give.
 
 Expected numbers are written from the contract's definitions (queue = S1 - Q, prefill = F - S1, ...)
 applied to each scenario's timestamps, not taken from the code under test.

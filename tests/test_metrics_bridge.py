@@ -115,7 +115,7 @@ def workload(tracker: RequestTracker, control_meter, n: int = 200, seed: int = 4
         for gap in gaps:
             stamps.append(stamps[-1] + gap)
         final = stamps[-1]
-        # lifecycle.md: ttft = F - A, tpot = (L - F) / (n - 1), e2e = E - A, queue = S1 - Q, ...
+        # docs/lifecycle.md: ttft = F - A, tpot = (L - F) / (n - 1), e2e = E - A, queue = S1 - Q, ...
         for name, value in (
             (sc.METRIC_TTFT, first - t0),
             (sc.METRIC_TPOT, (final - first) / len(gaps)),

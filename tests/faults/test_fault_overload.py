@@ -18,7 +18,7 @@ from otel_llm.export.counting import ATTR_REASON, REASON_QUEUE_FULL, SPANS
 
 QUEUE = 64
 BATCH = 16
-SPANS_PER_REQUEST = 4  # llm.request, llm.queue, llm.prefill, llm.decode (lifecycle.md)
+SPANS_PER_REQUEST = 4  # llm.request, llm.queue, llm.prefill, llm.decode (docs/lifecycle.md)
 
 
 def overloaded(env, started, mode=Mode.SLOW):
