@@ -102,15 +102,22 @@ class Runs:
     serve_trace_ids: list[str]  # x-trace-id of each request served
 
 
-def otel_env(stack: LocalStack, service: str) -> dict[str, str]:
+def otel_env(stack: LocalStack, service: str, metric_export_ms: int = 1000) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     env.update(
         OTEL_EXPORTER_OTLP_ENDPOINT=stack.otlp_grpc,
         OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
         OTEL_SERVICE_NAME=service,
-        OTEL_METRIC_EXPORT_INTERVAL="1000",
+        OTEL_METRIC_EXPORT_INTERVAL=str(metric_export_ms),
     )
     return env
+
+
+# The demo exports its metrics once, when it exits. A point carries only the exemplars recorded since
+# the previous export (as the SDK's reservoirs do), and the Collector's Prometheus exporter serves the
+# latest point of a series: with periodic exports, an export after the last request would leave
+# nothing for a 10 s scrape to find unless a scrape happened to fall inside the run.
+DEMO_METRIC_EXPORT_MS = 600_000
 
 
 def run_serve(stack: LocalStack, work: Path) -> list[str]:
@@ -149,7 +156,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
         demo = subprocess.run(
             [sys.executable, "-m", "otel_llm.cli", "demo", "--requests", str(DEMO_REQUESTS)],
             cwd=work,
-            env=otel_env(stack, DEMO_SERVICE),
+            env=otel_env(stack, DEMO_SERVICE, DEMO_METRIC_EXPORT_MS),
             capture_output=True,
             text=True,
             timeout=300,
