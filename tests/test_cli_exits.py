@@ -457,3 +457,70 @@ def test_replay_reports_per_signal_against_a_trace_only_backend(tmp_path: Path) 
     assert "traces: " in done.stdout and "accepted" in done.stdout
     assert "metrics: not taken" in done.stdout and "405" in done.stdout
     assert backend.paths.count("/v1/metrics") == 1  # one refusal tells; the rest are not sent
+
+
+def worker_lines(text: str, prefix: str = "") -> dict[str, list[str]]:
+    """The delivery lines of a disaggregated run, by worker role."""
+    found: dict[str, list[str]] = {"prefill": [], "decode": []}
+    for line in text.splitlines():
+        for role in found:
+            if line.startswith(f"{prefix}{role} worker: "):
+                found[role].append(line[len(prefix) :])
+    return found
+
+
+def test_demo_disaggregated_says_what_each_worker_delivered(tmp_path: Path) -> None:
+    """Each worker exports on its own; the demo ends with each one's count, which matches what the
+    collector received from it (by its service.name)."""
+    with HttpReceiver(Mode.ACCEPT) as rx:
+        done = subprocess.run(
+            [sys.executable, "-m", "otel_llm.cli", "demo", "--disaggregated", "--requests", "3"],
+            cwd=tmp_path,
+            env=cli_env(OTEL_EXPORTER_OTLP_ENDPOINT=rx.endpoint),
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        received = [resource for resource, _ in rx.collected.spans()]
+    assert done.returncode == 0, done.stderr
+    assert "preemptions: in the spans at the collector" in done.stdout, done.stdout
+    assert not list(tmp_path.glob("otel-llm-output/*")), "over OTLP the demo writes no files"
+    for role, lines in worker_lines(done.stdout).items():
+        assert len(lines) == 2, done.stdout
+        traces, metrics = lines
+        service = sum(
+            1
+            for resource in received
+            if any(
+                a.key == "service.name" and a.value.string_value == f"otel-llm-{role}"
+                for a in resource.attributes
+            )
+        )
+        assert service > 0
+        assert (
+            traces == f"{role} worker: traces: OTLP http/protobuf to {rx.endpoint}: {service} spans delivered"
+        )
+        assert metrics.startswith(f"{role} worker: metrics: OTLP http/protobuf to {rx.endpoint}: "), metrics
+        assert metrics.endswith(" metric points delivered") and " 0 metric" not in metrics, metrics
+
+
+def test_serve_disaggregated_warns_of_a_dead_collector_and_says_what_each_worker_lost(tmp_path: Path) -> None:
+    with collector("dead") as otel, server(tmp_path, otel, "--disaggregated") as (proc, port):
+        for _ in range(2):
+            complete(port)
+        took = stop(proc)
+    assert proc.stderr is not None
+    stderr = proc.stderr.read()
+    # Stopping the workers: their own shutdown (budget + 1 s), then process teardown.
+    assert took < 2 * (BUDGET_S + 1) + SLACK_S, f"SIGTERM took {took:.1f} s"
+    assert stderr.count("no collector answers at") == 1, stderr  # one endpoint for both signals
+    found = worker_lines(stderr, prefix="otel-llm serve: ")
+    for role, lines in found.items():
+        assert [line.split(": OTLP")[0] for line in lines] == [
+            f"{role} worker: traces",
+            f"{role} worker: metrics",
+        ], stderr
+        spans = lines[0]
+        # Two requests made spans on both workers; none reached the dead collector.
+        assert " 0 spans delivered, " in spans and " lost (" in spans, spans
+    assert "Traceback" not in stderr, stderr

@@ -188,27 +188,49 @@ _LOSS_WORDS = {
 
 def delivery_lines(telemetry: Any) -> list[str]:
     """After ``telemetry.shutdown()``: for each signal sent over OTLP, where it went, what was delivered
-    and what was lost, and why. One line per signal; the run's last word on its telemetry."""
+    and what was lost, and why. One line per signal; the run's last word on its telemetry.
+
+    ``telemetry``: this process's ``Telemetry``, or a worker's ``DeliveryReport``.
+    """
     from otel_llm.export import otlp
+    from otel_llm.export.telemetry import DeliveryReport
     from otel_llm.setup import declarative_config_file
 
     lines: list[str] = []
     if declarative_config_file() is not None:  # the file's own pipeline: otel_llm counts nothing there
         return lines
+    report = telemetry if isinstance(telemetry, DeliveryReport) else telemetry.delivery_report()
     for signal, unit in (("traces", "spans"), ("metrics", "metric_points")):
         if otlp.destination(signal) != "otlp":  # type: ignore[arg-type]
             continue
         line = f"{signal}: OTLP {otlp.protocol(signal)} to {_endpoint(signal)}"  # type: ignore[arg-type]
-        delivered, lost = telemetry.delivery(unit)
+        delivered, lost = report.delivery(unit)
         noun = unit.replace("_", " ")
         text = f"{line}: {delivered} {noun} delivered"
         if lost:
             reasons = "; ".join(f"{n} {_LOSS_WORDS.get(reason, reason)}" for reason, n in lost.items())
             text += f", {sum(lost.values())} lost ({reasons})"
-        elif telemetry.shutdown() is False:  # idempotent: the result of the shutdown that already ran
+        elif not report.in_time:
             # An export still running when the shutdown timeout ran out has not said what it lost.
             text += ", the last export cut off by the shutdown timeout"
         lines.append(text)
+    return lines
+
+
+def worker_delivery_lines(reports: dict[str, Any]) -> list[str]:
+    """``delivery_lines`` of each worker of a disaggregated run (each exports on its own), labelled with
+    its role; ``reports``: the ``DeliveryReport`` each worker sent as it stopped, by role. A worker that
+    sent none (killed at the shutdown timeout) is named, so its silence is not read as "nothing lost"."""
+    lines: list[str] = []
+    for role in ("prefill", "decode"):
+        report = reports.get(role)
+        if report is not None:
+            lines += [f"{role} worker: {line}" for line in delivery_lines(report)]
+        elif otlp_urls():
+            lines.append(
+                f"{role} worker: telemetry not accounted for: the worker was stopped before it reported "
+                "what it delivered (its unexported telemetry is lost)"
+            )
     return lines
 
 

@@ -13,7 +13,7 @@ import time
 import uuid
 from typing import Any
 
-from otel_llm.commands._common import SERVICE_INSTANCE_ID, run_dir
+from otel_llm.commands._common import SERVICE_INSTANCE_ID, run_dir, worker_delivery_lines
 
 PREFILL_KV_BLOCKS = 10
 DECODE_KV_BLOCKS = 16
@@ -55,7 +55,10 @@ def run_disaggregated(args: argparse.Namespace, console: Any) -> int:
         engine.submit(Submit(f"req-{i:03d}", tokenizer.encode(req.prompt), req.max_tokens, time.monotonic()))
     done += sum(o.finished for o in engine.close())
     elapsed = time.monotonic() - started
-    records = load_all([str(out_dir)])
+    # Sent over OTLP, the spans went to the collector and no folder was made: the summary has no
+    # preemption counts and no waterfall to show then.
+    to_files = any(out_dir.glob("*/*.jsonl"))
+    records = load_all([str(out_dir)]) if to_files else []
     requests = group_requests(records)
     pre_preempted = sum(
         int(r.attributes.get(sc.LLM_PREEMPTIONS, 0)) for r in records if r.name == sc.SPAN_INSTANCE_PREFILL
@@ -65,12 +68,17 @@ def run_disaggregated(args: argparse.Namespace, console: Any) -> int:
         for r in records
         if r.name == sc.SPAN_REQUEST and r.attributes.get(sc.LLM_ROLE) == sc.ROLE_DECODE
     )
-    out.print(
-        f"{done} of {len(workload)} requests in {elapsed:.1f} s on two worker processes; "
+    preemptions = (
         f"preemptions: {pre_preempted} on the prefill worker, {dec_preempted} on the decode worker"
+        if to_files
+        else "preemptions: in the spans at the collector"
     )
+    out.print(f"{done} of {len(workload)} requests in {elapsed:.1f} s on two worker processes; {preemptions}")
     if requests:
         emit(render_lines(pick_request(requests), width=terminal_width()), file=out.file)
-    out.print(f"traces and metrics of both workers: {out_dir}")
-    out.print(f"view a request: otel-llm view {out_dir}")
+    for line in worker_delivery_lines(engine.delivery):  # over OTLP: each worker's delivered and lost
+        out.print(line)
+    if to_files:
+        out.print(f"traces and metrics of both workers: {out_dir}")
+        out.print(f"view a request: otel-llm view {out_dir}")
     return 0

@@ -85,24 +85,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-# Listening on every interface says nothing of the address clients use: server.address is left out then.
-_ANY_ADDRESS = ("", "0.0.0.0", "::", "[::]")
-
-
-def server_attributes(host: str, port: int, model: str) -> dict[str, str | int]:
-    """The GenAI server attributes this server knows for certain: the model every answer names
-    (``gen_ai.response.model``), its port unless one is picked at start-up (``--port 0``), its address
-    unless it listens on all of them."""
-    from otel_llm import semconv as sc
-
-    attributes: dict[str, str | int] = {sc.GEN_AI_RESPONSE_MODEL: model}
-    if port:
-        attributes[sc.SERVER_PORT] = port
-    if host not in _ANY_ADDRESS:
-        attributes[sc.SERVER_ADDRESS] = host
-    return attributes
-
-
 def run(args: argparse.Namespace) -> int:
     for name in ("graceful_timeout", "body_timeout"):
         if not getattr(args, name) > 0:
@@ -124,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
 
     import otel_llm
     from otel_llm.engine import EngineConfig, LLMEngine, ModelConfig
+    from otel_llm.server_attributes import server_attributes
 
     config = EngineConfig(
         model=ModelConfig(seed=args.seed),

@@ -3,6 +3,8 @@
 The workers start first (the port opens once both are ready). On SIGTERM or Ctrl-C uvicorn lets open
 connections finish for ``--graceful-timeout`` seconds, then the app's shutdown aborts what is left and
 gives the workers ``OTEL_LLM_SHUTDOWN_TIMEOUT`` + 1 s to stop and flush their telemetry before ending them.
+Each worker exports on its own and, as it stops, sends this process what it delivered and lost: over OTLP
+the run ends with one line per worker and signal.
 """
 
 from __future__ import annotations
@@ -11,7 +13,13 @@ import argparse
 import sys
 import uuid
 
-from otel_llm.commands._common import SERVICE_INSTANCE_ID, destinations, run_dir
+from otel_llm.commands._common import (
+    SERVICE_INSTANCE_ID,
+    destinations,
+    run_dir,
+    warn_if_unreachable,
+    worker_delivery_lines,
+)
 
 
 def run_disaggregated(args: argparse.Namespace) -> int:
@@ -39,6 +47,7 @@ def run_disaggregated(args: argparse.Namespace) -> int:
     out = run_dir(args.output_dir, "serve")
     for line in destinations():
         print(f"otel-llm serve: {line}", file=sys.stderr, flush=True)
+    warn_if_unreachable("serve")
     if to_files:
         print(f"otel-llm serve: files: {out / 'prefill'} and {out / 'decode'}", file=sys.stderr, flush=True)
     workers = DisaggregatedEngine(
@@ -52,6 +61,9 @@ def run_disaggregated(args: argparse.Namespace) -> int:
     print("otel-llm serve: prefill and decode workers ready", file=sys.stderr, flush=True)
 
     def report() -> None:
+        # After the workers stopped: what each one's exporters delivered and lost.
+        for line in worker_delivery_lines(workers.delivery):
+            print(f"otel-llm serve: {line}", file=sys.stderr, flush=True)
         if to_files:
             for path in sorted(out.glob("*/*.jsonl")):
                 if path.stat().st_size > 0:

@@ -173,8 +173,8 @@ def prefill_worker(
             num_bytes = kv_transfer.send(sock, h)
             tracker.kv_sent(h.request_id, ts=time.monotonic(), num_bytes=num_bytes)
     sock.close()
-    telemetry.shutdown()
-    outputs.put(("stopped", "prefill"))
+    # The router tells the user what this worker's exporters delivered (they are not the router's).
+    outputs.put(("stopped", "prefill", telemetry.delivery_report()))
 
 
 def decode_worker(
@@ -226,8 +226,8 @@ def decode_worker(
                 )
     conn.close()
     listener.close()
-    telemetry.shutdown()
-    outputs.put(("stopped", "decode"))
+    # The router tells the user what this worker's exporters delivered (they are not the router's).
+    outputs.put(("stopped", "decode", telemetry.delivery_report()))
 
 
 class DisaggregatedEngine:
@@ -276,6 +276,9 @@ class DisaggregatedEngine:
         self._wait_for("ready", "prefill")
         self._held: list[Output | Queued] = []
         self.closed = False  # close() was called
+        # By role, what each worker's telemetry delivered and lost (a DeliveryReport), sent as it stopped
+        # in close(); a worker killed at the timeout sends none.
+        self.delivery: dict[str, Any] = {}
 
     def _wait_for(self, what: str, role: str, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -350,8 +353,8 @@ class DisaggregatedEngine:
         return all(p.is_alive() for p in self._started)
 
     def close(self, timeout_s: float = 60.0) -> list[Output]:
-        """Finish every submitted request, stop both workers (telemetry flushed); the last outputs.
-        Workers still running ``timeout_s`` seconds from now are killed."""
+        """Finish every submitted request, stop both workers (telemetry flushed, ``delivery`` filled); the
+        last outputs. Workers still running ``timeout_s`` seconds from now are killed."""
         if self._requests is None:
             return []  # already stopped
         self.closed = True
@@ -366,6 +369,7 @@ class DisaggregatedEngine:
                     rest.append(item)
                 elif isinstance(item, tuple) and item[0] == "stopped":
                     stopped.add(item[1])
+                    self.delivery[item[1]] = item[2]
         for proc in self._started:
             proc.join(timeout=max(0.0, min(10.0, deadline - time.monotonic())))
         self._stop_all()

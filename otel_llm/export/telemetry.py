@@ -16,6 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry.metrics import MeterProvider
@@ -87,6 +88,20 @@ def _guarded(name: str, task: Callable[[], Any]) -> None:
         task()
     except Exception:  # a telemetry failure at flush or shutdown must not surface in the engine
         _logger.exception("otel_llm: %s failed", name)
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryReport:
+    """``Telemetry.delivery()`` of both signals and whether ``shutdown()`` finished in time, taken after
+    the shutdown. Plain data: a worker process that exports on its own sends it to the process that
+    tells the user (``otel-llm serve --disaggregated``, ``otel-llm demo --disaggregated``)."""
+
+    counts: dict[str, tuple[int, dict[str, int]]] = field(default_factory=dict)  # by "spans", "metric_points"
+    in_time: bool = True  # shutdown() finished within its timeout
+
+    def delivery(self, signal: str) -> tuple[int, dict[str, int]]:
+        """As ``Telemetry.delivery()``: ``(delivered, {reason: lost})``."""
+        return self.counts.get(signal, (0, {}))
 
 
 class Telemetry:
@@ -188,6 +203,11 @@ class Telemetry:
             if unsent > 0:
                 lost[REASON_UNSENT] = unsent
         return delivered, lost
+
+    def delivery_report(self) -> DeliveryReport:
+        """Shut down (a no-op when already done), then what was delivered and lost, as plain data."""
+        in_time = self.shutdown()
+        return DeliveryReport({s: self.delivery(s) for s in ("spans", "metric_points")}, in_time)
 
     def _provider_calls(self, method: str, budget_s: float) -> list[tuple[str, Callable[[], Any]]]:
         """``(name, call)`` for each provider that has ``method``; no-op providers have neither."""

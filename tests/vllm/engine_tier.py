@@ -102,15 +102,15 @@ class Server:
                 self.proc.wait(timeout=30)
 
 
-def serve_args(port: int, *extra: str) -> list[str]:
-    """``vllm serve`` of the tiny model with a KV cache small enough that 12 streams preempt."""
+def serve_args(port: int, *extra: str, host: str | None = "127.0.0.1") -> list[str]:
+    """``vllm serve`` of the tiny model with a KV cache small enough that 12 streams preempt; on
+    ``host`` (None: vLLM's default, every address)."""
     return [
         "serve",
         str(MODEL_DIR),
         "--served-model-name",
         MODEL_NAME,
-        "--host",
-        "127.0.0.1",
+        *(["--host", host] if host is not None else []),
         "--port",
         str(port),
         "--dtype",

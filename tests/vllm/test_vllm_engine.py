@@ -94,6 +94,8 @@ def test_generate_preempted_and_every_request_is_one_trace(offline: OfflineRun) 
         assert attributes[sc.VLLM_REQUEST_ID].startswith(f"{rid}-")  # vLLM's internal id: ours + suffix
         assert attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == offline.result["generated"][rid]
         assert attributes[sc.GEN_AI_USAGE_INPUT_TOKENS] == offline.result["prompt_tokens"][rid]
+        # LLM.generate() has no server and no answer naming a model: none of these is known here.
+        assert not {sc.SERVER_ADDRESS, sc.SERVER_PORT, sc.GEN_AI_RESPONSE_MODEL} & attributes.keys()
 
 
 def test_preemptions_equal_vllm(offline: OfflineRun) -> None:
@@ -135,6 +137,7 @@ def test_every_histogram_is_exported(offline: OfflineRun) -> None:
     assert not missing, f"no data points for {missing}"
     for name in HISTOGRAMS:
         assert all(p["attributes"][sc.GEN_AI_REQUEST_MODEL] == MODEL_NAME for p in offline.points[name])
+        assert not any(sc.SERVER_PORT in p["attributes"] for p in offline.points[name])
 
 
 def test_ttft_and_e2e_next_to_vllms_definitions(offline: OfflineRun) -> None:

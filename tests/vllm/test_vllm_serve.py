@@ -7,7 +7,7 @@ Three servers of the tiny model (engine core in a spawned process, as always und
   A workload with preemptions, streaming, chat and completions, ``n=2``, stop strings, a client that
   disconnects and a caller ``traceparent``; compared with the server's own ``/metrics``.
 - ``zero_code``: ``opentelemetry-instrument vllm serve`` with vLLM's own ``--otlp-traces-endpoint`` set
-  too: where each side's spans go, and every histogram.
+  too: where each side's spans go, and every histogram; it listens on every address (no ``--host``).
 - ``unplugged``: the engine core without the otel_llm plugin (``VLLM_PLUGINS=''``) and vLLM's stats
   logging off: otel_llm's warning saying what to set must be visible in the server's output.
 """
@@ -390,6 +390,23 @@ def test_served_every_histogram_is_exported_with_model_and_operation(served: Ser
             assert p["attributes"][sc.GEN_AI_PROVIDER_NAME] == "vllm"
 
 
+def server_attributes_seen(server: Server) -> list[dict[str, Any]]:
+    """The GenAI server attributes of every llm.request span and every histogram point."""
+    keys = (sc.SERVER_ADDRESS, sc.SERVER_PORT, sc.GEN_AI_RESPONSE_MODEL)
+    roots = [s["attributes"] for s in span_dicts(server.collected) if s["name"] == sc.SPAN_REQUEST]
+    points = latest_points(server.collected)
+    assert roots and all(points.get(name) for name in HISTOGRAMS)
+    seen = roots + [p["attributes"] for name in HISTOGRAMS for p in points[name]]
+    return [{k: a[k] for k in keys if k in a} for a in seen]
+
+
+def test_served_genai_server_attributes_on_every_span_and_point(served: Server) -> None:
+    """--host 127.0.0.1 --port N: both known, and every answer names the served model."""
+    want = {sc.SERVER_ADDRESS: "127.0.0.1", sc.SERVER_PORT: served.port, sc.GEN_AI_RESPONSE_MODEL: MODEL_NAME}
+    for seen in server_attributes_seen(served):
+        assert seen == want
+
+
 def test_served_resource_from_otel_variables(served: Server) -> None:
     (span, *_) = [s for s in span_dicts(served.collected) if s["name"] == sc.SPAN_REQUEST]
     assert span["resource"]["service.name"] == "vllm-serve-test"
@@ -418,7 +435,8 @@ def zero_code(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     command = [
         str(ENGINE_BIN / "opentelemetry-instrument"),
         str(ENGINE_BIN / "vllm"),
-        *serve_args(port, "--otlp-traces-endpoint", theirs.endpoint),
+        # No --host: vLLM listens on every address, so no server.address is known.
+        *serve_args(port, "--otlp-traces-endpoint", theirs.endpoint, host=None),
     ]
     server = start_server(command, env, tmp / "serve.log", ours.collected, port)
     server.extra["theirs"] = theirs.collected
@@ -430,6 +448,12 @@ def zero_code(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         server.stop()
         ours.stop()
         theirs.stop()
+
+
+def test_zero_code_on_every_address_has_a_port_and_no_address(zero_code: Server) -> None:
+    want = {sc.SERVER_PORT: zero_code.port, sc.GEN_AI_RESPONSE_MODEL: MODEL_NAME}
+    for seen in server_attributes_seen(zero_code):
+        assert seen == want
 
 
 def test_zero_code_traces_with_engine_events(zero_code: Server) -> None:

@@ -33,6 +33,7 @@ from otel_llm import semconv as sc
 from otel_llm.integrations import import_hook
 from otel_llm.integrations.patching import Patch, guarded, warn_once
 from otel_llm.integrations.vllm.adapter import VLLMAdapter
+from otel_llm.server_attributes import server_attributes
 
 if TYPE_CHECKING:
     import inspect
@@ -50,6 +51,9 @@ _STATS_METHOD = "update_scheduler_stats"
 _EVENT_NAMES = ("QUEUED", "SCHEDULED", "PREEMPTED")
 # Engines whose __init__ builds the frontend's OutputProcessor next to a model config.
 _ENGINES = (("vllm.v1.engine.llm_engine", "LLMEngine"), ("vllm.v1.engine.async_llm", "AsyncLLM"))
+# Optional: vLLM's API server (`vllm serve`) passes its engine client, its bound socket and its arguments
+# here before it serves: what the GenAI server attributes need. Imported by the API server only.
+_SERVE = ("vllm.entrypoints.launchers.api_server.entry", "build_and_serve")
 _INSTRUMENTS = ("vllm >= 0.11",)  # also in the `instruments-any` extra in pyproject.toml
 # OTEL_LLM_VLLM_CONFIGURE=1: build otel_llm's providers from the OTEL_* variables (configure()) in the
 # process that serves requests, for `vllm serve` without the opentelemetry-instrument wrapper.
@@ -97,6 +101,11 @@ class VLLMInstrumentor:
     _adapters: ClassVar[weakref.WeakKeyDictionary[Any, VLLMAdapter]] = weakref.WeakKeyDictionary()
     _schedulers: ClassVar[weakref.WeakSet[Any]] = weakref.WeakSet()  # engine cores in this process
     telemetry: ClassVar[Any] = None  # the Telemetry of OTEL_LLM_VLLM_CONFIGURE=1, once built
+    # Under `vllm serve`: server.address / server.port as the API server bound them (None: no API server
+    # in this process, e.g. LLM.generate(), so no server attribute and no gen_ai.response.model).
+    _server: ClassVar[dict[str, str | int] | None] = None
+    _lora: ClassVar[bool] = False  # vllm serve --enable-lora: answers may name an adapter, not the model
+    _serve_waiting: ClassVar[object | None] = None  # the import hook while the API server is not imported
 
     def instrumentation_dependencies(self) -> Collection[str]:
         """Requirements on the instrumented library, as contrib instrumentors declare them."""
@@ -138,9 +147,13 @@ class VLLMInstrumentor:
             waiting, VLLMInstrumentor._waiting = VLLMInstrumentor._waiting, None
             if waiting is not None:
                 import_hook.remove(waiting)
+            serve_waiting, VLLMInstrumentor._serve_waiting = VLLMInstrumentor._serve_waiting, None
+            if serve_waiting is not None:
+                import_hook.remove(serve_waiting)
             patch, VLLMInstrumentor._patch = VLLMInstrumentor._patch, None
             if patch is not None:
                 patch.restore()
+            VLLMInstrumentor._server, VLLMInstrumentor._lora = None, False
             VLLMInstrumentor._adapters = weakref.WeakKeyDictionary()
             VLLMInstrumentor._tracker = None
             VLLMInstrumentor._trackers = {}
@@ -187,6 +200,11 @@ class VLLMInstrumentor:
                     options.setdefault("operation_name", operation)
                     options["role"] = role  # the request's part decides, not an instance-wide option
                     options["span_hook"] = _client_request_id(options.get("span_hook"))
+                    if cls._server is not None:  # vllm serve: its answers name the served model ...
+                        server = dict(cls._server)
+                        if model and not cls._lora:  # ... or, with LoRA on, a request's adapter
+                            server[sc.GEN_AI_RESPONSE_MODEL] = model
+                        options["attributes"] = {**server, **(options.get("attributes") or {})}
                     tracker = cls._trackers[key] = RequestTracker(**options)
         return tracker
 
@@ -298,8 +316,62 @@ def _patch_vllm() -> None:
                 if inspect.iscoroutinefunction(add_request):
                     patch.replace(engine_cls, "add_request", _keep_caller_headers(add_request))
             VLLMInstrumentor._patch = patch
+            VLLMInstrumentor._serve_waiting = import_hook.when_imported(_SERVE[0], _patch_serve)
         except Exception:  # never break `import vllm`
             _warn_once("otel_llm: could not instrument vLLM; vLLM is unaffected", exc_info=True)
+
+
+def _patch_serve() -> None:
+    """Wrap the API server's ``build_and_serve`` (its module is imported); called by the import hook."""
+    with VLLMInstrumentor._lock:
+        VLLMInstrumentor._serve_waiting = None
+        patch = VLLMInstrumentor._patch
+        if patch is None:  # uninstrumented meanwhile
+            return
+        try:
+            import inspect
+
+            module = sys.modules[_SERVE[0]]
+            original = module.__dict__.get(_SERVE[1])
+            if not inspect.iscoroutinefunction(original):
+                _warn_once(
+                    "otel_llm: this vLLM's API server has no %s.%s; spans and metrics under vllm serve carry "
+                    "no server.address, server.port or gen_ai.response.model",
+                    *_SERVE,
+                )
+                return
+            patch.replace(module, _SERVE[1], _wrap_build_and_serve(original))  # type: ignore[arg-type]
+        except Exception:  # never break the API server's start
+            _warn_once(
+                "otel_llm: could not read vLLM's API server address; vLLM is unaffected", exc_info=True
+            )
+
+
+def _wrap_build_and_serve(original: Callable[..., Any]) -> Callable[..., Any]:
+    async def build_and_serve(
+        engine_client: Any, listen_address: Any, sock: Any, args: Any, *rest: Any, **kw: Any
+    ) -> Any:
+        _guarded("API server start", _note_server, sock, args)
+        return await original(engine_client, listen_address, sock, args, *rest, **kw)
+
+    build_and_serve.__wrapped__ = original  # type: ignore[attr-defined]
+    return build_and_serve
+
+
+def _note_server(sock: Any, args: Any) -> None:
+    """server.address and server.port of the API server: the host it was told to listen on (none when
+    every address), the port its socket is bound to (read back, so --port 0 is known), or its Unix
+    socket's path (--uds). vLLM's answers name its first served model name (``gen_ai.response.model``,
+    added per tracker), or the LoRA adapter a request asked for: with ``--enable-lora`` it is left out."""
+    VLLMInstrumentor._lora = bool(getattr(args, "enable_lora", False))
+    uds = getattr(args, "uds", None)
+    if isinstance(uds, str) and uds:
+        VLLMInstrumentor._server = server_attributes(None, None, unix_socket=uds)
+        return
+    bound = sock.getsockname()
+    port = bound[1] if isinstance(bound, tuple) and len(bound) >= 2 else None
+    host = getattr(args, "host", None)
+    VLLMInstrumentor._server = server_attributes(host if isinstance(host, str) else None, port)
 
 
 def _find_vllm() -> tuple[type, type | None] | None:
