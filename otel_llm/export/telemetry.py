@@ -15,6 +15,7 @@ import functools
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,19 +42,34 @@ REASON_UNSENT = "unsent_at_shutdown"  # spans still queued when the pipeline sto
 
 
 class _AfterAbort(logging.Filter):
-    """Drops the OTLP exporters' records about being stopped, once a handle stopped its exporters."""
+    """Drops the OTLP exporters' records about being stopped, from the threads of stopped pipelines.
 
-    active = False
+    Those are the threads alive when a handle gave up on its exporters (the SDK's export workers, our
+    shutdown threads) and our own threads that stop exporters. A pipeline made later has threads of its
+    own, so its failures are still logged.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (self.active and isinstance(record.msg, str) and record.msg.startswith(_AFTER_STOP))
+        if not (isinstance(record.msg, str) and record.msg.startswith(_AFTER_STOP)):
+            return True
+        if (record.threadName or "").startswith("otel_llm-abort"):
+            return False
+        # By thread object, not id: a thread started later may be given the id of one that has ended.
+        return not any(t.ident == record.thread and t.is_alive() for t in list(self.threads))
 
 
 _after_abort = _AfterAbort()
 
 
 def _silence_exporters() -> None:
-    _after_abort.active = True
+    main, current = threading.main_thread(), threading.current_thread()
+    for thread in threading.enumerate():
+        if thread is not main and thread is not current:
+            _after_abort.threads.add(thread)
     for name in list(logging.root.manager.loggerDict):
         if name == _EXPORTER_LOGGERS or name.startswith(_EXPORTER_LOGGERS + "."):
             logger = logging.getLogger(name)

@@ -1,0 +1,49 @@
+"""What otel_llm hides after giving up on a pipeline, and what it still lets through.
+
+Once a shutdown gave up on its exporters (the collector never answered), the lines those exporters log
+about being stopped repeat a loss the handle already reported, and are dropped. A pipeline made later in
+the same process (a test suite, a server that reconfigures) has its own threads: its export failures,
+worded the same, must still be logged.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fault_tools import build, dropped_spans, on_thread, serve, wait_for
+from otlp_receivers import HttpReceiver, Mode
+
+GIVE_UP = "Failed to export %s batch due to timeout, max retries or shutdown"  # the SDK's HTTP exporter
+
+
+def use(env, receiver: HttpReceiver) -> None:
+    env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+    env.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+
+
+def test_a_later_pipeline_still_logs_its_export_failures(env, started, caplog) -> None:
+    caplog.set_level(logging.DEBUG)
+
+    # A collector that takes the last batch and never answers: shutdown gives up on the exporters.
+    silent = HttpReceiver(mode=Mode.BLACK_HOLE)
+    silent.start()
+    started.append(silent)
+    use(env, silent)
+    first, tracker, _ = build(started)
+    on_thread(lambda: serve(tracker, range(4)))
+    gave_up = []
+    on_thread(lambda: gave_up.append(first.shutdown(timeout_s=0.2)))
+    assert gave_up == [False], "the shutdown should have given up on a collector that never answers"
+    silent.stop()  # the stopped pipeline's last export returns; its lines come before the mark below
+
+    mark = len(caplog.records)
+    refusing = HttpReceiver(mode=Mode.REFUSE)
+    refusing.start()
+    started.append(refusing)
+    use(env, refusing)
+    second, tracker, produced = build(started)
+    on_thread(lambda: serve(tracker, range(4)))
+    assert wait_for(lambda: dropped_spans(second) == produced.count > 0)
+
+    later = [r.msg for r in caplog.records[mark:] if r.levelno >= logging.WARNING]
+    assert any(isinstance(m, str) and m.startswith(GIVE_UP) for m in later), later
