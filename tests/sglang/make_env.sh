@@ -50,7 +50,7 @@ if [ -x "$VENV/bin/python" ] && probe; then
     exit 0
 fi
 
-echo "make_env: building $VENV (about 3 GB; a few minutes)"
+echo "make_env: building $VENV (about 5.6 GB, 5 of them torch; a few minutes)"
 [ -x "$VENV/bin/python" ] || "$PYTHON_BIN" -m venv "$VENV"
 
 # 1. torch first, so nothing below can choose another build.

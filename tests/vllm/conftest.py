@@ -30,7 +30,7 @@ SCENARIOS = ("mixed", "prefill_preemption", "speculative")
 needs_vllm = pytest.mark.skipif(
     not VLLM_PYTHON.exists(),
     reason=f"vLLM virtualenv not found at {VLLM_PYTHON}: build it with `bash tests/vllm/make_env.sh` "
-    "(about 2 GB, a few minutes) or set OTEL_LLM_VLLM_PYTHON",
+    "(about 6 GB, a few minutes) or set OTEL_LLM_VLLM_PYTHON",
 )
 
 

@@ -9,7 +9,7 @@
 #
 # Idempotent: exits 0 at once when the virtualenv is ready. Exits non-zero when a step fails, unless
 # --best-effort is given: then a failed build is removed and the real-engine tests are skipped with a
-# reason saying so. Override the location with OTEL_LLM_VLLM_CPU_VENV. About 3.4 GB, 2-5 minutes.
+# reason saying so. Override the location with OTEL_LLM_VLLM_CPU_VENV. About 6.2 GB (5 of them torch), a few minutes.
 set -euo pipefail
 
 if [ "${1:-}" = "--best-effort" ]; then
@@ -50,7 +50,7 @@ if [ -x "$VENV/bin/python" ] && probe; then
     exit 0
 fi
 
-echo "make_engine_env: building $VENV (about 3.4 GB; a few minutes)"
+echo "make_engine_env: building $VENV (about 6.2 GB, 5 of them torch; a few minutes)"
 [ -x "$VENV/bin/python" ] || "$PYTHON_BIN" -m venv "$VENV"
 
 # 1. torch first (PyPI's default build of 2.13.0), so nothing below can choose another.

@@ -48,7 +48,7 @@ if [ -x "$VENV/bin/python" ] && probe; then
     exit 0
 fi
 
-echo "make_env: building $VENV (about 2 GB; a few minutes)"
+echo "make_env: building $VENV (about 6 GB, 5 of them torch; a few minutes)"
 [ -x "$VENV/bin/python" ] || "$PYTHON_BIN" -m venv "$VENV"
 
 # 1. torch first, so nothing below can choose another build.
