@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.collector.processes import COLLECTOR, HERE, JAEGER, PROMETHEUS, Proc, free_port, get_json
+from tests.collector.processes import COLLECTOR, HERE, JAEGER, PROMETHEUS, Proc, free_port, promql
 
 REPO = HERE.parents[1]
 LOCAL = REPO / "collector-config" / "local"
@@ -158,9 +158,7 @@ class LocalStack:
         return f"http://127.0.0.1:{self.ports.prometheus}"
 
     def promql(self, expr: str) -> list[dict]:
-        answer = get_json(f"{self.prometheus_url}/api/v1/query", {"query": expr})
-        assert answer["status"] == "success", (expr, answer)
-        return answer["data"]["result"]
+        return promql(self.prometheus_url, expr)
 
     def stop(self) -> None:
         for proc in reversed(self.procs):

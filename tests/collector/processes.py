@@ -101,6 +101,13 @@ def get_json(url: str, params: dict[str, str] | None = None, timeout_s: float = 
         return json.loads(answer.read())
 
 
+def promql(prometheus_url: str, expr: str) -> list[dict]:
+    """The result vector or matrix of one instant query on Prometheus's HTTP API."""
+    answer = get_json(f"{prometheus_url}/api/v1/query", {"query": expr})
+    assert answer["status"] == "success", (expr, answer)
+    return answer["data"]["result"]
+
+
 def poll(what: str, fetch: Callable[[], Any], done: Callable[[Any], bool], timeout_s: float = 60.0) -> Any:
     """Call ``fetch`` until ``done(result)``; fail saying ``what`` with the last result."""
     deadline = time.monotonic() + timeout_s

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from tests.collector.local_stack import replace_exactly_once
-from tests.collector.processes import COLLECTOR, PROMETHEUS, Proc, free_port, get_json, poll
+from tests.collector.processes import COLLECTOR, PROMETHEUS, Proc, free_port, poll, promql
 from tests.otlp_receivers import GrpcReceiver
 
 SCALED = Path(__file__).resolve().parents[2] / "collector-config" / "scaled"
@@ -131,9 +131,7 @@ class ScaledStack:
         return f"http://127.0.0.1:{self.prometheus_port}"
 
     def promql(self, expr: str) -> list[dict]:
-        answer = get_json(f"{self.prometheus_url}/api/v1/query", {"query": expr})
-        assert answer["status"] == "success", (expr, answer)
-        return answer["data"]["result"]
+        return promql(self.prometheus_url, expr)
 
     def stop(self) -> None:
         for proc in reversed(self.procs):
