@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import signal
 import time
 import uuid
 from asyncio import FIRST_COMPLETED
@@ -56,6 +57,12 @@ def run(app: FastAPI, *, host: str, port: int, log_level: str, graceful_timeout_
     import uvicorn
 
     class Server(uvicorn.Server):
+        interrupted = False  # a Ctrl-C (SIGINT) asked for the shutdown
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            self.interrupted = self.interrupted or sig == signal.SIGINT
+            super().handle_exit(sig, frame)
+
         async def shutdown(self, sockets: Any = None) -> None:
             timer = asyncio.get_running_loop().call_later(graceful_timeout_s, app.state.server.end_open)
             try:
@@ -77,6 +84,10 @@ def run(app: FastAPI, *, host: str, port: int, log_level: str, graceful_timeout_
         # uvicorn re-raises a Ctrl-C once its graceful shutdown is done, and asyncio turns that into a
         # cancelled main task: the shutdown is over, so there is nothing left to report but the exit.
         raise SystemExit(130) from None
+    if server.interrupted:
+        # The re-raised Ctrl-C does not always reach this frame (when the main task has already ended),
+        # and a shell still expects Ctrl-C's status.
+        raise SystemExit(130)
     if not server.started:
         raise SystemExit(3)  # as uvicorn.run(): the server could not start (e.g. the port is taken)
 

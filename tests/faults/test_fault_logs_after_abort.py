@@ -13,7 +13,7 @@ import logging
 from fault_tools import build, dropped_spans, on_thread, serve, wait_for
 from otlp_receivers import HttpReceiver, Mode
 
-GIVE_UP = "Failed to export %s batch due to timeout, max retries or shutdown"  # the SDK's HTTP exporter
+EXPORTERS = "opentelemetry.exporter.otlp"  # where the SDK's OTLP exporters log
 
 
 def use(env, receiver: HttpReceiver) -> None:
@@ -45,5 +45,8 @@ def test_a_later_pipeline_still_logs_its_export_failures(env, started, caplog) -
     on_thread(lambda: serve(tracker, range(4)))
     assert wait_for(lambda: dropped_spans(second) == produced.count > 0)
 
-    later = [r.msg for r in caplog.records[mark:] if r.levelno >= logging.WARNING]
-    assert any(isinstance(m, str) and m.startswith(GIVE_UP) for m in later), later
+    # The exporter's last word on a batch it gives up on is an error; its wording differs between SDK
+    # releases (1.45: "... due to timeout, max retries or shutdown", one of the lines hidden after an
+    # abort; 1.35: "... code: 503"), so the level and the logger are what is checked.
+    later = [r for r in caplog.records[mark:] if r.name.startswith(EXPORTERS)]
+    assert any(r.levelno >= logging.ERROR for r in later), [(r.levelname, r.msg) for r in later]
