@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.otlp_receivers import GrpcReceiver, HttpReceiver, Mode, closed_port
+from tests.ports import free_port
 
 pytest.importorskip("torch", reason="the reference engine needs the torch extra")
 
@@ -111,12 +112,6 @@ def test_a_demo_writing_files_says_how_to_send_them_to_a_collector(tmp_path: Pat
         timeout=60,
     )
     assert "OTEL_EXPORTER_OTLP_ENDPOINT=" in helped.stdout and "Jaeger" in helped.stdout, helped.stdout
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @contextmanager

@@ -26,6 +26,7 @@ pytest.importorskip("torch", reason="the reference engine needs the torch extra"
 openai = pytest.importorskip("openai")
 
 from otel_llm.commands.view import load_all  # noqa: E402
+from tests.ports import free_port  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "otel-llm-tiny"
@@ -35,12 +36,6 @@ SLACK_S = 5.0  # process teardown on a busy 2-core machine
 CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"
 HANG_UP_TOKENS = 200  # max_tokens of the request whose client hangs up after a few events
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def start(tmp: Path, port: int) -> subprocess.Popen[str]:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import yaml
 
-from tests.collector.processes import COLLECTOR, HERE, JAEGER, PROMETHEUS, Proc, free_port, promql
+from tests.collector.processes import COLLECTOR, HERE, JAEGER, PROMETHEUS, Proc, promql
+from tests.ports import free_port
 
 REPO = HERE.parents[1]
 LOCAL = REPO / "collector-config" / "local"

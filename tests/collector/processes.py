@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import time
 import urllib.error
@@ -33,13 +32,6 @@ START_S = 60.0  # seconds: a cold start of each binary on a loaded two-core mach
 
 def missing_binaries() -> list[Path]:
     return [path for path in (COLLECTOR, JAEGER, PROMETHEUS) if not os.access(path, os.X_OK)]
-
-
-def free_port() -> int:
-    """A loopback TCP port free right now (bound, then released for the process that takes it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Proc:

@@ -20,8 +20,9 @@ from typing import Any
 import yaml
 
 from tests.collector.local_stack import replace_exactly_once
-from tests.collector.processes import COLLECTOR, PROMETHEUS, Proc, free_port, poll, promql
+from tests.collector.processes import COLLECTOR, PROMETHEUS, Proc, poll, promql
 from tests.otlp_receivers import GrpcReceiver
+from tests.ports import free_port
 
 SCALED = Path(__file__).resolve().parents[2] / "collector-config" / "scaled"
 NO_SELF_METRICS = "--config=yaml:service::telemetry::metrics::level: none"

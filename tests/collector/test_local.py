@@ -26,8 +26,9 @@ import pytest
 from otel_llm import semconv as sc
 from tests.collector.jaeger_view import jaeger_trace, trace_problems
 from tests.collector.local_stack import LOCAL, LocalStack
-from tests.collector.processes import COLLECTOR, Proc, free_port, get_json, poll, validate
+from tests.collector.processes import COLLECTOR, Proc, get_json, poll, validate
 from tests.otlp_receivers import CALLER_SPAN_ID, CALLER_TRACE_ID, CALLER_TRACEPARENT, GrpcReceiver, attributes
+from tests.ports import free_port
 from tests.test_collector_config import (
     dashboard_queries,
     load_dashboard,

@@ -14,7 +14,6 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import secrets
-import socket
 import subprocess
 import time
 from typing import Any
@@ -24,6 +23,7 @@ from google.protobuf.json_format import MessageToDict
 
 from otel_llm import semconv as sc
 from tests.otlp_receivers import GrpcReceiver
+from tests.ports import free_port
 from tests.sglang.conftest import HERE, SGLANG_PYTHON, metric_points, needs_sglang, roots, sglang_env
 from tests.sglang.drive_engine import span_json
 from tests.sglang.serve import Server
@@ -43,12 +43,6 @@ def traceparent() -> tuple[str, str, str]:
     """A caller's W3C traceparent header and its trace id and span id (hex)."""
     trace_id, span_id = secrets.token_hex(16), secrets.token_hex(8)
     return f"00-{trace_id}-{span_id}-01", trace_id, span_id
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def one_call(

