@@ -20,6 +20,8 @@ a JSON header, vLLM's ``kv_transfer_params``, or HTTP headers):
   spans (``keep`` when it does no tail sampling), so the decode instance keeps what it kept
   (``otel_llm.sampling``, rule ``prefill_kept``).
 
+The trackers' side: ``carrier_for`` makes a prefill instance's carrier (``handoff_carrier()``), and
+``continue_request`` marks a decode instance's timeline of a request handed in (``queued(carrier=...)``).
 Only the OpenTelemetry API is imported here.
 """
 
@@ -29,14 +31,21 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
+from otel_llm import semconv as sc
 from otel_llm.clock import Clock
-from otel_llm.identity import format_traceparent, normalize_carrier, parse_traceparent
+from otel_llm.identity import format_traceparent, normalize_carrier, parent_span_context, parse_traceparent
+from otel_llm.intervals import Intervals
+from otel_llm.timeline import FinishedRequest, Timeline
+
+if TYPE_CHECKING:
+    from otel_llm.identity import TraceIdentity
+    from otel_llm.sampling import TailSampler
 
 KEY_TRACEPARENT = "traceparent"
 KEY_PARENT = "llm-request-parent"
@@ -140,3 +149,23 @@ def remote_request_context(trace_id: int, span_id: int, sampled: bool) -> Contex
     flags = TraceFlags(0x01 if sampled else 0x00)
     ctx = SpanContext(trace_id, span_id, is_remote=True, trace_flags=flags)
     return trace.set_span_in_context(NonRecordingSpan(ctx))
+
+
+def carrier_for(tl: Timeline, traceparent: str, tail: TailSampler | None, clock: Clock) -> dict[str, str]:
+    """A prefill instance's carrier of the request ``tl`` in flight; ``traceparent``: the header of its
+    ``llm.request`` span. ``tail``: the tracker's tail sampler, None when it keeps every trace."""
+    # Tail sampling decides now what kv_sent() will: on a prefill instance no rule depends on the
+    # transfer (a handed-off request has no TTFT or e2e here), so the decision travels with it.
+    kept = True
+    if tail is not None:
+        fin = FinishedRequest(tl, tl.last_event, sc.REASON_HANDED_OFF, None, handed_off=True)
+        kept = tail.would_keep(fin, Intervals(fin))
+    return make_carrier(traceparent, parent_span_context(tl.parent), tl.arrival, clock, kept)
+
+
+def continue_request(tl: Timeline, handed: HandedIn, identity: TraceIdentity) -> None:
+    """A decode instance's new timeline ``tl`` of a request handed in: its trace ids and arrival already
+    came from ``handed``; its sampling decision was taken by the prefill instance's sampler."""
+    tl.handed_in = True
+    tl.prefill_kept = handed.prefill_kept
+    identity.continue_sampling(tl, handed.sampled)

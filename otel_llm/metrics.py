@@ -16,34 +16,36 @@ request has about ten latency values plus an inter-token gap per engine step. So
 The counters are plain ints read by observable counters, which work with any MeterProvider.
 
 Values are seconds (monotonic differences, see ``otel_llm.intervals``); exemplar times are wall-clock
-nanoseconds of the request's end. Only the OpenTelemetry API is imported here; the SDK bridge is
-imported when the provider is an SDK one, which means the SDK is loaded already.
+nanoseconds of the request's end. The recorder of one attribute set and the exemplar filter are
+``otel_llm.recorders``. Only the OpenTelemetry API is imported here; the SDK bridge is imported when
+the provider is an SDK one, which means the SDK is loaded already.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from opentelemetry import metrics
-from opentelemetry.context import Context
 from opentelemetry.trace import NonRecordingSpan, SpanContext, set_span_in_context
 
 from otel_llm import meter_providers
 from otel_llm import semconv as sc
 from otel_llm._version import __version__
-from otel_llm.histogram import BucketHistogram, HistogramSource, SpanRef
+from otel_llm.histogram import BucketHistogram, HistogramSource
 from otel_llm.intervals import Intervals
 from otel_llm.observables import ObserveFn, Observer, observe
+from otel_llm.recorders import (
+    ExemplarRef,
+    InstrumentBulk,
+    InstrumentLatency,
+    Latency,
+    bucket_ref,
+    create_histogram,
+    env_exemplar_mode,
+)
 from otel_llm.timeline import FinishedRequest
-
-# The SDK's variable for its exemplar filter; read for the exemplars otel_llm keeps itself when the
-# provider's own filter cannot be known (no SDK provider yet).
-ENV_EXEMPLAR_FILTER = "OTEL_METRICS_EXEMPLAR_FILTER"
-_TRACE_BASED, _ALWAYS, _OFF = "trace_based", "always_on", "always_off"
-
 
 # (attribute, metric name, bucket boundaries, description) of each request-level latency histogram.
 _LATENCIES = (
@@ -175,7 +177,7 @@ class RequestMetrics:
         kind = meter_providers.kind(target)
         instrument_for: set[str] = set()
         meter = None
-        exemplars: Any = _env_exemplar_mode()
+        exemplars: Any = env_exemplar_mode()
         if kind == "sdk":
             from otel_llm import sdk_bridge
 
@@ -199,21 +201,21 @@ class RequestMetrics:
         self._sources = [s for s in self._sources if s.name not in instrument_for]
         for attr, name, buckets, desc in _LATENCIES:
             previous = getattr(self, attr, None)
-            if name in instrument_for or not isinstance(previous, _Latency):
+            if name in instrument_for or not isinstance(previous, Latency):
                 setattr(self, attr, self._recorder(name, buckets, desc, self._base, self._lock))
         # Failed requests' durations carry error.type: one recorder per distinct value, made on first use.
         failed: dict[str, Any] = getattr(self, "_failed_duration", {})
         self._failed_duration = {
             error: latency
             for error, latency in failed.items()
-            if isinstance(latency, _Latency) and sc.METRIC_REQUEST_DURATION not in instrument_for
+            if isinstance(latency, Latency) and sc.METRIC_REQUEST_DURATION not in instrument_for
         }
         previous_itl = getattr(self, "itl", None)
         if sc.METRIC_ITL in instrument_for:
             latency = self._recorder(
                 sc.METRIC_ITL, sc.BUCKETS_ITL, _ITL_DESCRIPTION, self._base, self._itl_lock
             )
-            self.itl = _InstrumentBulk(latency)  # type: ignore[arg-type]
+            self.itl = InstrumentBulk(latency)  # type: ignore[arg-type]
         elif not isinstance(previous_itl, BucketHistogram):
             self.itl = BucketHistogram(sc.BUCKETS_ITL, self._base, self._itl_lock)
             # The hot path adds to the histogram itself: it is part of every collection from the start.
@@ -222,13 +224,15 @@ class RequestMetrics:
 
     def _recorder(
         self, name: str, buckets: tuple[float, ...], description: str, attrs: dict[str, Any], lock: Any
-    ) -> _Latency | _InstrumentLatency:
+    ) -> Latency | InstrumentLatency:
         if name in self._instrument_for:
             instrument = self._instruments.get(name)
             if instrument is None:
-                instrument = self._instruments[name] = _histogram(self._meter, name, buckets, description)
-            return _InstrumentLatency(instrument, attrs, lock)
-        return _Latency(self._source(name, buckets, description), BucketHistogram(buckets, attrs, lock))
+                instrument = self._instruments[name] = create_histogram(
+                    self._meter, name, _unit(name), buckets, description
+                )
+            return InstrumentLatency(instrument, attrs, lock)
+        return Latency(self._source(name, buckets, description), BucketHistogram(buckets, attrs, lock))
 
     def _source(self, name: str, buckets: tuple[float, ...], description: str) -> HistogramSource:
         for source in self._sources:
@@ -331,26 +335,11 @@ class RequestMetrics:
             return None
         if self._instrument_for:
             # Instruments and bucket histograms may be mixed: the context is wrapped with the triple.
-            return _ExemplarRef(self._bucket_ref(span, time_ns), set_span_in_context(NonRecordingSpan(span)))
-        return self._bucket_ref(span, time_ns)
+            triple = bucket_ref(self._exemplars, span, time_ns)
+            return ExemplarRef(triple, set_span_in_context(NonRecordingSpan(span)))
+        return bucket_ref(self._exemplars, span, time_ns)
 
-    def _bucket_ref(self, span: SpanContext, time_ns: int) -> SpanRef | None:
-        mode = self._exemplars
-        if mode == _OFF:
-            return None
-        if mode == _ALWAYS or (mode == _TRACE_BASED and span.trace_flags.sampled):
-            return (time_ns, span.trace_id, span.span_id)
-        if isinstance(mode, str):
-            return None
-        try:  # a custom ExemplarFilter of the user's provider: ask it, as the SDK would
-            ctx = set_span_in_context(NonRecordingSpan(span))
-            return (
-                (time_ns, span.trace_id, span.span_id) if mode.should_sample(0.0, time_ns, {}, ctx) else None
-            )
-        except Exception:
-            return None
-
-    def _failed(self, error_type: str) -> _Latency | _InstrumentLatency:
+    def _failed(self, error_type: str) -> Latency | InstrumentLatency:
         """The duration recorder of failed requests with this error.type (caller holds the lock)."""
         latency = self._failed_duration.get(error_type)
         if latency is None:
@@ -383,83 +372,5 @@ class RequestMetrics:
         return [(self.kv_bytes, {})] if self.kv_bytes else []
 
 
-class _ExemplarRef:
-    """An exemplar link for a mix of recorders: the bucket triple and the SDK context."""
-
-    __slots__ = ("context", "triple")
-
-    def __init__(self, triple: SpanRef | None, context: Context) -> None:
-        self.triple = triple
-        self.context = context
-
-
-class _Latency:
-    """One attribute set of a latency metric counted by otel_llm, and the source it joins when first
-    used (from then on the point is exported, as for an SDK instrument)."""
-
-    __slots__ = ("hist", "source")
-
-    def __init__(self, source: HistogramSource, hist: BucketHistogram) -> None:
-        self.source = source
-        self.hist = hist
-
-    def add(self, value: float, ref: Any) -> None:
-        """One sample (seconds). Caller holds the lock."""
-        hist = self.hist
-        if not hist.count:
-            self.source.histograms.append(hist)
-        hist.record(value, ref.triple if ref.__class__ is _ExemplarRef else ref)
-
-    def renew_lock(self, lock: threading.Lock) -> None:
-        self.hist._lock = lock
-
-
-class _InstrumentLatency:
-    """One attribute set of a latency metric recorded through an OpenTelemetry histogram instrument."""
-
-    __slots__ = ("_lock", "attributes", "instrument")
-
-    def __init__(self, instrument: Any, attributes: dict[str, Any], lock: Any) -> None:
-        self.instrument = instrument
-        self.attributes = attributes
-        self._lock = lock
-
-    def add(self, value: float, ref: Any) -> None:
-        context = ref.context if ref.__class__ is _ExemplarRef else None
-        self.instrument.record(value, self.attributes, context=context)
-
-    def renew_lock(self, lock: threading.Lock) -> None:
-        self._lock = lock
-
-
-class _InstrumentBulk:
-    """Inter-token latency through an instrument: ``add(value, n)`` as the hot path calls it."""
-
-    __slots__ = ("_lock", "latency")
-
-    def __init__(self, latency: _InstrumentLatency) -> None:
-        self.latency = latency
-        self._lock = latency._lock
-
-    def add(self, value: float, n: int = 1) -> None:
-        record, attrs = self.latency.instrument.record, self.latency.attributes
-        for _ in range(n):  # the API has no bulk record: one SDK measurement per sample
-            record(value, attrs)
-
-
-def _histogram(meter: Any, name: str, buckets: tuple[float, ...], description: str) -> Any:
-    try:
-        return meter.create_histogram(
-            name, unit=_unit(name), description=description, explicit_bucket_boundaries_advisory=buckets
-        )
-    except TypeError:  # an API from before bucket advice
-        return meter.create_histogram(name, unit=_unit(name), description=description)
-
-
 def _unit(name: str) -> str:
     return _UNITS.get(name, sc.UNIT_SECONDS)
-
-
-def _env_exemplar_mode() -> str:
-    value = os.environ.get(ENV_EXEMPLAR_FILTER, _TRACE_BASED).strip().lower()
-    return value if value in (_ALWAYS, _OFF) else _TRACE_BASED

@@ -73,6 +73,14 @@ class StepLog:
     def latest(self) -> StepRecord | None:
         return self.records[-1] if self.records else None
 
+    def note_state(self, tokens: int | None, kv_cache_usage: float | None) -> None:
+        """What ``engine_state()`` reported after the latest step (None: not reported). Caller holds the
+        tracker's lock."""
+        latest = self.latest()
+        if latest is not None:
+            latest.tokens = tokens if tokens is not None else latest.tokens
+            latest.kv_cache_usage = kv_cache_usage if kv_cache_usage is not None else latest.kv_cache_usage
+
     def since(self, start: float | None) -> list[StepRecord]:
         """A copy of the logged steps from the last one at or before ``start`` (monotonic seconds) on.
         Caller holds the tracker's lock: the engine thread appends while requests finish elsewhere."""

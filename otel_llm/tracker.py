@@ -1,10 +1,11 @@
-"""RequestTracker: the five-call hook an engine's scheduler loop calls, and the in-flight registry.
+"""RequestTracker: the five-call hook an engine's scheduler loop calls, on its in-flight registry.
 
 The hot path only records numbers: one timestamp per call shared by the whole batch, then per request a
 dict lookup and a few attribute writes. Spans and request-level metrics are built once, when a request
-finishes (``otel_llm.spans``, ``otel_llm.metrics``). Inter-token latency is counted here into a bucket
-histogram: requests that also produced tokens in the previous step share one gap, so a decode batch adds
-to the histogram once per step, not once per request.
+finishes (``otel_llm.finish``). Inter-token latency is counted here into a bucket histogram: requests
+that also produced tokens in the previous step share one gap, so a decode batch adds to the histogram
+once per step, not once per request. The per-step batch paths are here; the registry and each
+request's own events are ``otel_llm.inflight``, the argument checks ``otel_llm.checks``.
 
 Threads: every hook takes one lock for its in-memory bookkeeping (never across export or span building),
 so an API thread may call ``queued``/``finished`` while the engine thread calls the batch hooks.
@@ -14,94 +15,41 @@ Clock: ``time.monotonic()`` seconds everywhere; see docs/lifecycle.md for every 
 from __future__ import annotations
 
 import logging
-import math
-import os
-import threading
-import time
-import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from opentelemetry import metrics, trace
-from opentelemetry.trace import Span
 
 from otel_llm import anomalies as an
 from otel_llm import attributes as user_attrs
+from otel_llm import checks, self_metrics
 from otel_llm import semconv as sc
+from otel_llm.checks import check_counts, check_ids
 from otel_llm.clock import Clock
-from otel_llm.engine_state import EngineState, count
+from otel_llm.engine_state import EngineState
 from otel_llm.finish import Finisher
-from otel_llm.handoff import make_carrier, read_carrier
+from otel_llm.handoff import carrier_for, continue_request, read_carrier
 from otel_llm.identity import parent_context, parent_span_context
-from otel_llm.intervals import Intervals
+from otel_llm.inflight import NO_STEP, InFlight
 from otel_llm.metrics import RequestMetrics
 from otel_llm.records import MAX_PREEMPTION_SPANS, start_attributes
 from otel_llm.sampling import TailSampler, TailSampling
 from otel_llm.spans import SpanBuilder
-from otel_llm.steps import DETAIL_STEPS, StepLog, resolve_detail
-from otel_llm.timeline import PREEMPTED, RUNNING, WAITING, FinishedRequest, Preemption, Step, Timeline
+from otel_llm.steps import DETAIL_STEPS, StepLog
+from otel_llm.timeline import PREEMPTED, RUNNING, Preemption, Step, Timeline
+from otel_llm.tracker_options import (
+    DEFAULT_MAX_AGE_S,
+    DEFAULT_MAX_IN_FLIGHT,
+    DEFAULT_OPERATION_NAME,
+    DEFAULT_PROVIDER_NAME,
+    SpanHook,
+    resolve_options,
+)
 
 _log = logging.getLogger("otel_llm")
-_monotonic = time.monotonic
-_INF = math.inf
-
-DEFAULT_PROVIDER_NAME = "otel_llm"
-DEFAULT_OPERATION_NAME = "text_completion"
-DEFAULT_MAX_IN_FLIGHT = 65_536
-DEFAULT_MAX_AGE_S = 1800.0  # a request in flight for 30 minutes is leaked, not slow
-
-SpanHook = Callable[[Span, FinishedRequest], None]
-
-# A fork while another thread holds a tracker's lock would leave the child's copy locked forever; the
-# child gets fresh locks (its copy of the registry is only ever touched by its own threads).
-_LIVE_TRACKERS: weakref.WeakSet[RequestTracker] = weakref.WeakSet()
 
 
-def _renew_locks_after_fork() -> None:
-    for tracker in list(_LIVE_TRACKERS):
-        tracker._lock = threading.Lock()
-        tracker._finisher.lock = tracker._lock
-        tracker._metrics.renew_lock(tracker._lock)
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_renew_locks_after_fork)
-
-_NO_STEP = Step(-_INF, -1)  # "no previous tokens step": no request's step is this one, not even None
-
-
-def _check_ids(request_ids: Any) -> None:
-    if request_ids.__class__ is list or request_ids.__class__ is tuple:
-        return  # the common case, without the cost of an ABC isinstance check
-    if isinstance(request_ids, (str, bytes)) or not isinstance(request_ids, Iterable):
-        raise TypeError(
-            f"request_ids must be a sequence of request ids (e.g. [{request_ids!r}]), "
-            f"got {type(request_ids).__name__}"
-        )
-
-
-def _check_bytes(num_bytes: Any) -> None:
-    if num_bytes is None:
-        return
-    if not isinstance(num_bytes, int) or isinstance(num_bytes, bool) or num_bytes < 0:
-        raise TypeError(f"num_bytes must be a non-negative int count of bytes or None, got {num_bytes!r}")
-
-
-def _batch_off(
-    request_ids: Sequence[Any], ts: float | None = None, cached_tokens: Sequence[int] | None = None
-) -> None:
-    """scheduled/preempted of a tracker whose providers are both no-op (``cached_tokens``: scheduled's)."""
-    _check_ids(request_ids)
-
-
-def _tokens_off(
-    request_ids: Sequence[Any], ts: float | None = None, counts: Sequence[int] | None = None
-) -> None:
-    """tokens of a tracker whose providers are both no-op."""
-    _check_ids(request_ids)
-
-
-class RequestTracker:
+class RequestTracker(InFlight):
     """Turns engine events into one trace and the latency metrics per request.
 
     Args:
@@ -143,79 +91,32 @@ class RequestTracker:
         role: str = sc.ROLE_BOTH,
         attributes: Mapping[str, str | int | float | bool] | None = None,
     ) -> None:
-        if role not in sc.ROLES:
-            raise ValueError(f"role must be one of {', '.join(map(repr, sc.ROLES))}, got {role!r}")
-        if tail_sampling is None:
-            tail_sampling = TailSampling.from_env()
-        elif tail_sampling is True:
-            tail_sampling = TailSampling()
-        off = tail_sampling is None or tail_sampling is False
-        if not off and not isinstance(tail_sampling, TailSampling):
-            raise TypeError(
-                f"tail_sampling must be a TailSampling, False or None, got {type(tail_sampling).__name__}"
-            )
-        detail = resolve_detail(trace_detail)
-        if not isinstance(max_in_flight, int) or max_in_flight < 1:
-            raise ValueError(f"max_in_flight must be a positive int, got {max_in_flight!r}")
-        if not isinstance(max_age_s, (int, float)) or not max_age_s > 0:
-            raise ValueError(f"max_age_s must be a positive number of seconds, got {max_age_s!r}")
-        for name, value in (
-            ("model", model),
-            ("provider_name", provider_name),
-            ("operation_name", operation_name),
-        ):
-            if value is not None and not isinstance(value, str):
-                raise TypeError(f"{name} must be a str, got {type(value).__name__}")
-        base: dict[str, Any] = {
-            sc.GEN_AI_PROVIDER_NAME: provider_name,
-            sc.GEN_AI_OPERATION_NAME: operation_name,
-        }
-        if model is not None:
-            base[sc.GEN_AI_REQUEST_MODEL] = model
-        if role != sc.ROLE_BOTH:
-            base[sc.LLM_ROLE] = role
-        for key, value in (attributes or {}).items():
-            if not isinstance(key, str) or not isinstance(value, (str, int, float, bool)):
-                raise TypeError(f"attributes must map str to str, int, float or bool, got {key!r}: {value!r}")
-            base.setdefault(key, value)  # the tracker's own attributes above keep their values
-        self.role = role
-        if span_hook is not None and not callable(span_hook):
-            raise TypeError(
-                f"span_hook must be a callable (span, finished_request) -> None, got {span_hook!r}"
-            )
-        self.model = model
-        self.max_in_flight = max_in_flight
-        self.max_age_s = float(max_age_s)
-        self._base = base
+        options = resolve_options(
+            model=model,
+            provider_name=provider_name,
+            operation_name=operation_name,
+            max_in_flight=max_in_flight,
+            max_age_s=max_age_s,
+            span_hook=span_hook,
+            tail_sampling=tail_sampling,
+            trace_detail=trace_detail,
+            role=role,
+            attributes=attributes,
+        )
+        super().__init__(options.max_in_flight, options.max_age_s)  # the registry, with its lock
+        self.role = options.role
+        self.model = options.model
+        self.trace_detail = detail = options.trace_detail
+        self._base = base = options.base
         self._tracer_provider = tracer_provider
         self._meter_provider = meter_provider
-        self._lock = threading.Lock()
-        _LIVE_TRACKERS.add(self)
-        self._inflight: dict[Any, Timeline] = {}
-        self._states = [0, 0, 0]  # requests in flight by state: WAITING, RUNNING, PREEMPTED
-        self._prev_step = _NO_STEP  # the previous tokens() call
-        # The request ids of the previous tokens() call (a copy) while every one of them points at
-        # _prev_step and nothing else does; None when that does not hold (see tokens()).
-        self._batch: list[Any] | tuple[Any, ...] | None = None
-        self._anomalies = an.AnomalyCounter()
-        self._evicted = 0
         self.clock = Clock()  # monotonic -> wall-clock, for every time this tracker and its engine export
         self._spans = SpanBuilder(tracer_provider, base, self.clock, detail)
-        self.trace_detail = detail
         # The last engine steps, for llm.engine.step spans (detail "steps" only: one append per step).
         self._step_log: StepLog | None = StepLog() if detail == DETAIL_STEPS else None
         self._metrics = RequestMetrics(meter_provider, base, self._lock)
         self._engine_state = EngineState(self._metrics)
-        self._tail: TailSampler | None = None
-        if isinstance(tail_sampling, TailSampling):
-            self._tail = TailSampler(tail_sampling)
-            self._metrics.observe(
-                sc.METRIC_SAMPLING_DECISIONS,
-                sc.UNIT_DECISION,
-                "Tail sampling decisions at finished(), by decision (keep / drop) and reason",
-                self._tail.observe,
-                counter=True,
-            )
+        self._tail = None if options.tail_sampling is None else TailSampler(options.tail_sampling)
         self._finisher = Finisher(
             self._spans,
             self._metrics,
@@ -223,41 +124,21 @@ class RequestTracker:
             base,
             self._tail,
             self._step_log,
-            span_hook,
+            options.span_hook,
             self._lock,
             self._note,
             self._adopt_itl,
         )
         self._finish = self._finisher.finish
         self._itl = self._metrics.itl  # inter-token latency: added to on the hot path, under self._lock
-        self._metrics.observe(
-            sc.METRIC_ACTIVE,
-            sc.UNIT_REQUEST,
-            "Requests in flight by state",
-            self._observe_active,
-            counter=False,
-        )
-        self._metrics.observe(
-            sc.METRIC_ANOMALIES,
-            sc.UNIT_ANOMALY,
-            "Lifecycle anomalies by kind",
-            self._observe_anomalies,
-            counter=True,
-        )
-        self._metrics.observe(
-            sc.METRIC_EVICTED,
-            sc.UNIT_REQUEST,
-            "Requests closed as evicted (never finished)",
-            lambda: [(self._evicted, {})],
-            counter=True,
-        )
+        self_metrics.register(self._metrics, self, self._tail)
         if isinstance(tracer_provider, trace.NoOpTracerProvider) and isinstance(
             meter_provider, metrics.NoOpMeterProvider
         ):
             # Telemetry is off for good: no span or metric can ever show what the batch hooks record, so
             # they only check their arguments; queued/finished/traceparent still work (propagation).
-            self.scheduled = self.preempted = _batch_off  # type: ignore[method-assign]
-            self.tokens = _tokens_off  # type: ignore[method-assign]
+            self.scheduled = self.preempted = checks.batch_off  # type: ignore[method-assign]
+            self.tokens = checks.tokens_off  # type: ignore[method-assign]
 
     # --- the hook -------------------------------------------------------------------------------
 
@@ -276,16 +157,7 @@ class RequestTracker:
 
         On a ``role="decode"`` tracker, a carrier made by a prefill instance's ``handoff_carrier()``
         continues that request: same trace, same ``llm.request`` span (emitted here), arrival from it."""
-        if prompt_tokens is not None and (
-            not isinstance(prompt_tokens, int) or isinstance(prompt_tokens, bool)
-        ):
-            raise TypeError(
-                f"prompt_tokens must be an int count of prompt tokens, got {type(prompt_tokens).__name__}"
-            )
-        if attributes is not None and not isinstance(attributes, Mapping):
-            raise TypeError(
-                f"attributes must be a mapping of attribute name to value, got {type(attributes).__name__}"
-            )
+        checks.check_queued(prompt_tokens, attributes)
         ts = self._timestamp(ts)
         arrival = ts if arrival_ts is None else self._timestamp(arrival_ts)
         handed = (
@@ -298,28 +170,10 @@ class RequestTracker:
             parent, _remote = parent_context(carrier)
             trace_id, span_id = self._spans.identity.new_ids(parent_span_context(parent))
         user_attributes, problems = user_attrs.clean(attributes) if attributes else (None, ())
-        with self._lock:
-            for kind in problems:
-                self._anomalies.note(kind, request_id)
-            if arrival > ts:
-                self._anomalies.note(an.ARRIVAL_AFTER_QUEUED, request_id)
-                arrival = ts
-            evicted: list[FinishedRequest] = []
-            if request_id in self._inflight:
-                self._anomalies.note(an.DUPLICATE_QUEUED, request_id)
-            else:
-                evicted = self._due_evictions(ts, incoming=1)
-                tl = self._inflight[request_id] = Timeline(
-                    request_id, ts, arrival, prompt_tokens, trace_id, span_id, parent, user_attributes
-                )
-                if handed is not None:
-                    tl.handed_in = True
-                    tl.prefill_kept = handed.prefill_kept
-                    self._spans.identity.continue_sampling(tl, handed.sampled)
-                self._states[WAITING] += 1
-        if self._anomalies.unlogged:
-            self._anomalies.log_pending()
-        self._finish_all(evicted)
+        tl = Timeline(request_id, ts, arrival, prompt_tokens, trace_id, span_id, parent, user_attributes)
+        if handed is not None:
+            continue_request(tl, handed, self._spans.identity)
+        self._add(tl, problems)
 
     def scheduled(
         self, request_ids: Sequence[Any], ts: float | None = None, cached_tokens: Sequence[int] | None = None
@@ -329,7 +183,7 @@ class RequestTracker:
         ``cached_tokens``: per request, the prompt tokens found in the engine's prefix cache (not
         computed); the figure given at the first scheduling is kept, as
         ``gen_ai.usage.cache_read.input_tokens`` on ``llm.request``."""
-        _check_ids(request_ids)
+        check_ids(request_ids)
         if cached_tokens is not None:
             self._scheduled_cached(request_ids, ts, cached_tokens)
             return
@@ -351,7 +205,7 @@ class RequestTracker:
         self, request_ids: Sequence[Any], ts: float | None = None, counts: Sequence[int] | None = None
     ) -> None:
         """One engine step produced output tokens for these requests (1 each, or ``counts``)."""
-        _check_ids(request_ids)
+        check_ids(request_ids)
         if request_ids.__class__ is not list and request_ids.__class__ is not tuple:
             request_ids = list(request_ids)  # counted below with len()
         ts = self._timestamp(ts)
@@ -370,7 +224,7 @@ class RequestTracker:
                     self._itl.add(gap, len(request_ids))
                 return
             if ts < prev.ts:
-                prev = _NO_STEP  # a step out of order: every request takes the checked path
+                prev = NO_STEP  # a step out of order: every request takes the checked path
             step = self._prev_step = Step(ts, self._prev_step.index + 1)
             if self._step_log is not None:
                 self._step_log.add(ts, step.index, len(request_ids))
@@ -387,12 +241,7 @@ class RequestTracker:
                         checked += 1
                         apart += self._tokens_checked(rid, tl, step, 1)
             else:
-                if isinstance(counts, (str, bytes)) or not isinstance(counts, Sequence):
-                    raise TypeError(
-                        f"counts must be a sequence of ints, one per request id, got {type(counts).__name__}"
-                    )
-                if len(counts) != len(request_ids):
-                    raise ValueError(f"counts has {len(counts)} entries for {len(request_ids)} request ids")
+                check_counts(counts, len(request_ids))
                 for rid, n in zip(request_ids, counts):
                     tl = get(rid)
                     if tl is not None and tl.step is prev and n.__class__ is int and n > 0:
@@ -410,26 +259,6 @@ class RequestTracker:
                 self._batch = request_ids.copy() if request_ids.__class__ is list else request_ids
         if self._anomalies.unlogged:
             self._anomalies.log_pending()
-
-    def _scheduled_cached(self, request_ids: Sequence[Any], ts: float | None, cached: Sequence[int]) -> None:
-        """scheduled() with a prefix-cache hit count per request."""
-        if isinstance(cached, (str, bytes)) or not isinstance(cached, Sequence):
-            raise TypeError(f"cached_tokens must be a sequence of ints, one per request id, got {cached!r}")
-        ids = list(request_ids)
-        if len(cached) != len(ids):
-            raise ValueError(f"cached_tokens has {len(cached)} entries for {len(ids)} request ids")
-        counts = [count("cached_tokens", n) for n in cached]
-        first = []
-        with self._lock:
-            for rid, n in zip(ids, counts):
-                tl = self._inflight.get(rid)
-                if tl is not None and tl.state == WAITING:
-                    first.append((tl, n))
-        self.scheduled(ids, ts)
-        with self._lock:
-            for tl, n in first:
-                if tl.cached_tokens is None and tl.state == RUNNING:
-                    tl.cached_tokens = n
 
     def engine_state(
         self,
@@ -464,14 +293,11 @@ class RequestTracker:
         log = self._step_log
         if log is not None and (step is not None or kv is not None):
             with self._lock:
-                latest = log.latest()
-                if latest is not None:
-                    latest.tokens = step if step is not None else latest.tokens
-                    latest.kv_cache_usage = kv if kv is not None else latest.kv_cache_usage
+                log.note_state(step, kv)
 
     def preempted(self, request_ids: Sequence[Any], ts: float | None = None) -> None:
         """The KV cache of these running requests was evicted (P_k); they wait to be recomputed."""
-        _check_ids(request_ids)
+        check_ids(request_ids)
         ts = self._timestamp(ts)
         with self._lock:
             get = self._inflight.get
@@ -506,64 +332,21 @@ class RequestTracker:
         error: BaseException | str | None = None,
     ) -> None:
         """The request left the engine (E). ``reason``: stop, length, abort, error, or another string."""
-        if not isinstance(reason, str):
-            raise TypeError(
-                f"reason must be a str such as 'stop', 'length', 'abort' or 'error', got {reason!r}"
-            )
-        ts = self._timestamp(ts)
-        with self._lock:
-            tl = self._inflight.pop(request_id, None)
-            done = None
-            self._batch = None  # its Step must not move on: its count and latest token are read from it
-            if tl is None:
-                self._anomalies.note(an.UNKNOWN_REQUEST, request_id)
-            else:
-                self._states[tl.state] -= 1
-                done = FinishedRequest(tl, self._clamp(tl, ts), reason, error)
-                evicted = self._due_evictions(ts, incoming=0)
-        if self._anomalies.unlogged:
-            self._anomalies.log_pending()
-        if done is None:
-            return
-        self._finish(done)
-        self._finish_all(evicted)
+        checks.check_reason(reason)
+        self._close(request_id, self._timestamp(ts), reason, error)
 
     def kv_sent(self, request_id: Any, *, ts: float | None = None, num_bytes: int | None = None) -> None:
         """Prefill instance: the request's KV cache was sent to a decode instance (K = ``ts``), which
         finishes the request; here it ends (its spans and this instance's values are recorded now).
         ``num_bytes``: the KV cache's size, when known."""
-        _check_bytes(num_bytes)
-        ts = self._timestamp(ts)
-        with self._lock:
-            tl = self._inflight.pop(request_id, None)
-            done = None
-            self._batch = None  # its Step must not move on: its count and latest token are read from it
-            if tl is None:
-                self._anomalies.note(an.UNKNOWN_REQUEST, request_id)
-            else:
-                self._states[tl.state] -= 1
-                at = self._clamp(tl, ts)
-                tl.kv_done, tl.kv_bytes = at, num_bytes
-                done = FinishedRequest(tl, at, sc.REASON_HANDED_OFF, None, handed_off=True)
-        if self._anomalies.unlogged:
-            self._anomalies.log_pending()
-        if done is not None:
-            self._finish(done)
+        checks.check_bytes(num_bytes)
+        self._hand_off(request_id, self._timestamp(ts), num_bytes)
 
     def kv_received(self, request_id: Any, *, ts: float | None = None, num_bytes: int | None = None) -> None:
         """Decode instance: the request's KV cache, sent by the prefill instance, is in this instance
         (K = ``ts``, after ``queued``); the request now waits to be scheduled. ``num_bytes`` when known."""
-        _check_bytes(num_bytes)
-        ts = self._timestamp(ts)
-        with self._lock:
-            tl = self._inflight.get(request_id)
-            if tl is None:
-                self._anomalies.note(an.UNKNOWN_REQUEST, request_id)
-            else:
-                tl.kv_done = tl.last_event = self._clamp(tl, ts)
-                tl.kv_bytes = num_bytes
-        if self._anomalies.unlogged:
-            self._anomalies.log_pending()
+        checks.check_bytes(num_bytes)
+        self._kv_received(request_id, self._timestamp(ts), num_bytes)
 
     def handoff_carrier(self, request_id: Any) -> dict[str, str] | None:
         """What a prefill instance sends with the request's KV cache so that the decode instance's
@@ -574,13 +357,7 @@ class RequestTracker:
             tl = self._inflight.get(request_id)
         if traceparent is None or tl is None:
             return None
-        # Tail sampling decides now what kv_sent() will: on a prefill instance no rule depends on the
-        # transfer (a handed-off request has no TTFT or e2e here), so the decision travels with it.
-        kept = True
-        if self._tail is not None:
-            fin = FinishedRequest(tl, tl.last_event, sc.REASON_HANDED_OFF, None, handed_off=True)
-            kept = self._tail.would_keep(fin, Intervals(fin))
-        return make_carrier(traceparent, parent_span_context(tl.parent), tl.arrival, self.clock, kept)
+        return carrier_for(tl, traceparent, self._tail, self.clock)
 
     def traceparent(self, request_id: Any) -> str | None:
         """The W3C ``traceparent`` header value of the request's ``llm.request`` span (None if unknown)."""
@@ -596,9 +373,7 @@ class RequestTracker:
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         """Close requests past their maximum age, then flush the tracer and meter providers."""
-        with self._lock:
-            evicted = self._due_evictions(_monotonic(), incoming=0)
-        self._finish_all(evicted)
+        self._close_overdue()
         self._metrics.resolve(self._adopt_itl)
         ok = True
         for provider in (
@@ -610,146 +385,13 @@ class RequestTracker:
                 ok = bool(flush(timeout_millis)) and ok
         return ok
 
-    def __contains__(self, request_id: object) -> bool:
-        """Whether ``request_id`` is queued and not yet finished (or evicted)."""
-        return request_id in self._inflight
-
     @property
     def tracer_provider(self) -> trace.TracerProvider | None:
         """The tracer provider given at construction (None: the global one)."""
         return self._tracer_provider
 
-    @property
-    def in_flight(self) -> int:
-        """Number of requests queued and not yet finished."""
-        return len(self._inflight)
-
-    @property
-    def anomaly_counts(self) -> dict[str, int]:
-        """Lifecycle anomalies seen so far, by kind (also exported as ``otel_llm.anomalies``)."""
-        with self._lock:
-            return dict(self._anomalies.counts)
-
-    # --- internals (callers hold self._lock unless stated) -----------------------------------------
-
-    def _timestamp(self, ts: Any) -> float:
-        """``ts`` or now; NaN and infinities are replaced by now and counted. No lock needed."""
-        if ts is None:
-            return _monotonic()
-        if ts.__class__ is not float:
-            if isinstance(ts, bool) or not isinstance(ts, (int, float)):
-                try:
-                    ts = float(ts)  # numpy scalars and the like
-                except (TypeError, ValueError):
-                    raise TypeError(
-                        f"ts must be time.monotonic() seconds (a float) or None, got {ts!r}"
-                    ) from None
-            ts = float(ts)
-        if -_INF < ts < _INF:
-            return ts
-        with self._lock:
-            self._anomalies.note(an.BAD_TIMESTAMP)
-        self._anomalies.log_pending()
-        return _monotonic()
-
-    def _clamp(self, tl: Timeline, ts: float) -> float:
-        """No event of a request is earlier than its previous one, so no duration is negative."""
-        floor = tl.last_event
-        if tl.last_token is not None and tl.last_token > floor:
-            floor = tl.last_token
-        if ts < floor:
-            self._anomalies.note(an.TIMESTAMP_REGRESSION, tl.request_id)
-            return floor
-        return ts
-
-    def _schedule(self, tl: Timeline, ts: float) -> None:
-        if tl.state == WAITING:
-            tl.first_scheduled = ts
-        else:  # PREEMPTED: this is R_k
-            tl.preemptions[-1].rescheduled = ts
-        self._states[tl.state] -= 1
-        self._states[RUNNING] += 1
-        tl.state = RUNNING
-        tl.last_event = ts
-
-    def _tokens_checked(self, rid: Any, tl: Timeline | None, step: Step, n: Any) -> int:
-        """A tokens event that is not the plain continuation of the previous step.
-
-        Returns 1 when the request is not left on ``step`` with one token per step from here (unknown,
-        a bad count, a clamped timestamp, or listed twice in one call), else 0: the next call can only
-        advance the whole batch at once when every request of it is on the shared step."""
-        if tl is None:
-            self._anomalies.note(an.UNKNOWN_REQUEST, rid)
-            return 1
-        if n.__class__ is not int or n <= 0:
-            self._anomalies.note(an.BAD_TOKEN_COUNT, rid)
-            return 1
-        apart = 1 if tl.step is step else 0  # listed twice in this call
-        ts = self._clamp(tl, step.ts)
-        if ts != step.ts:
-            apart = 1
-            step = Step(ts, step.index)  # this request's own step: the next one takes this path again
-        if tl.state != RUNNING:
-            self._anomalies.note(an.TOKENS_BEFORE_SCHEDULED, rid)
-            self._schedule(tl, ts)
-        if tl.first_token is None:
-            tl.first_token = ts  # F; it is also T_k of any preemption before it
-        else:
-            self._itl.add(ts - tl.latest_token(), 1)
-        if tl.preemptions:
-            last = tl.preemptions[-1]
-            if last.rescheduled is not None and last.recomputed is None:
-                last.recomputed = ts  # T_k
-        tokens = tl.output_tokens + n
-        tl.step = step
-        tl.token_base = tokens - step.index
-        tl.last_event = ts
-        return apart
-
-    def _due_evictions(self, now: float, incoming: int) -> list[FinishedRequest]:
-        """Pop requests past max_age_s, and the oldest while over max_in_flight (insertion order)."""
-        inflight = self._inflight
-        if not inflight:
-            return []
-        out: list[FinishedRequest] = []
-        horizon = now - self.max_age_s
-        while inflight:
-            rid, tl = next(iter(inflight.items()))
-            if tl.queued >= horizon and len(inflight) + incoming <= self.max_in_flight:
-                break
-            del inflight[rid]
-            self._batch = None
-            self._states[tl.state] -= 1
-            self._evicted += 1
-            out.append(FinishedRequest(tl, max(now, tl.last_event), sc.REASON_EVICTED, None))
-        return out
-
-    def _finish_all(self, done: list[FinishedRequest]) -> None:
-        for fin in done:
-            self._finish(fin)
-
-    def _adopt_itl(self, itl: Any) -> None:
-        """Called under self._lock when the metrics moved to another provider's recorders."""
-        self._itl = itl
-
-    def _note(self, kind: str, request_id: Any) -> None:
-        """Count an anomaly from outside the lock (the finishing pipeline), and log it once."""
-        with self._lock:
-            self._anomalies.note(kind, request_id)
-        self._anomalies.log_pending()
-
-    # --- observable callbacks (run in the metric reader's thread) --------------------------------
-
-    def _observe_active(self) -> list[tuple[float, dict[str, Any]]]:
-        self._metrics.resolve(self._adopt_itl)  # a provider set since: its next collection has our histograms
-        waiting, running, preempted = self._states
-        return [
-            (waiting, {sc.LLM_REQUEST_STATE: sc.STATE_WAITING}),
-            (running, {sc.LLM_REQUEST_STATE: sc.STATE_RUNNING}),
-            (preempted, {sc.LLM_REQUEST_STATE: sc.STATE_PREEMPTED}),
-        ]
-
-    def _observe_anomalies(self) -> list[tuple[float, dict[str, Any]]]:
-        with self._lock:
-            counts = list(self._anomalies.counts.items())
-        return [(n, {sc.LLM_ANOMALY_KIND: kind}) for kind, n in counts]
+    def _renew_lock(self) -> None:
+        """In a forked child: a fresh lock, shared again with the finishing pipeline and the metrics."""
+        super()._renew_lock()
+        self._finisher.lock = self._lock
+        self._metrics.renew_lock(self._lock)

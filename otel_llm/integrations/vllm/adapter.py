@@ -32,7 +32,7 @@ from otel_llm.integrations.vllm import disaggregated as pd
 from otel_llm.integrations.vllm.choices import Choices
 from otel_llm.integrations.vllm.engine_state import cached_prompt_tokens, computed_prompt_tokens, state_of
 from otel_llm.integrations.vllm.identity import RequestIdentity, identify
-from otel_llm.tracker import DEFAULT_MAX_AGE_S, DEFAULT_MAX_IN_FLIGHT
+from otel_llm.tracker_options import DEFAULT_MAX_AGE_S, DEFAULT_MAX_IN_FLIGHT
 
 _log = logging.getLogger(__name__)
 
