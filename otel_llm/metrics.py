@@ -37,6 +37,7 @@ from otel_llm._version import __version__
 from otel_llm.histogram import BucketHistogram, HistogramSource, SpanRef
 from otel_llm.intervals import Intervals
 from otel_llm.observables import ObserveFn, Observer, observe
+from otel_llm.recompute import RecomputeCounters
 from otel_llm.timeline import FinishedRequest
 
 # The SDK's variable for its exemplar filter; read for the exemplars otel_llm keeps itself when the
@@ -155,6 +156,7 @@ class RequestMetrics:
             self._observe_kv_bytes,
             counter=True,
         )
+        self.recompute_work = RecomputeCounters(self.observe)  # tokens recomputed / cached, per preemption
 
     # --- which recorders, for which provider ----------------------------------------------------------
 
@@ -312,6 +314,7 @@ class RequestMetrics:
                 self.kv_bytes += tl.kv_bytes
             if tl.preemptions:
                 self.preemptions += len(tl.preemptions)
+                self.recompute_work.add(tl.preemptions)
                 end = fin.finished
                 for p in tl.preemptions:
                     resumed = p.rescheduled

@@ -35,6 +35,7 @@ from otel_llm.handoff import make_carrier, read_carrier
 from otel_llm.identity import parent_context, parent_span_context
 from otel_llm.intervals import Intervals
 from otel_llm.metrics import RequestMetrics
+from otel_llm.recompute import reschedule
 from otel_llm.records import MAX_PREEMPTION_SPANS, start_attributes
 from otel_llm.sampling import TailSampler, TailSampling
 from otel_llm.spans import SpanBuilder
@@ -326,9 +327,10 @@ class RequestTracker:
     ) -> None:
         """These requests entered the running batch: the first time (S1) or after a preemption (R_k).
 
-        ``cached_tokens``: per request, the prompt tokens found in the engine's prefix cache (not
-        computed); the figure given at the first scheduling is kept, as
-        ``gen_ai.usage.cache_read.input_tokens`` on ``llm.request``."""
+        ``cached_tokens``: per request, the tokens found in the engine's prefix cache (not computed).
+        At the first scheduling: prompt tokens, kept as ``gen_ai.usage.cache_read.input_tokens`` on
+        ``llm.request``. At a rescheduling: tokens of its context (prompt + output so far); the rest is
+        what the engine recomputes (``llm.recompute.tokens``, see ``otel_llm.recompute``)."""
         _check_ids(request_ids)
         if cached_tokens is not None:
             self._scheduled_cached(request_ids, ts, cached_tokens)
@@ -419,17 +421,26 @@ class RequestTracker:
         if len(cached) != len(ids):
             raise ValueError(f"cached_tokens has {len(cached)} entries for {len(ids)} request ids")
         counts = [count("cached_tokens", n) for n in cached]
-        first = []
+        first, again = [], []
         with self._lock:
             for rid, n in zip(ids, counts):
                 tl = self._inflight.get(rid)
                 if tl is not None and tl.state == WAITING:
                     first.append((tl, n))
+                elif tl is not None and tl.state == PREEMPTED:
+                    again.append((tl, tl.preemptions[-1], n))
         self.scheduled(ids, ts)
         with self._lock:
             for tl, n in first:
                 if tl.cached_tokens is None and tl.state == RUNNING:
                     tl.cached_tokens = n
+            for tl, p, n in again:  # R_k: what the rescheduling cost in tokens (otel_llm.recompute)
+                if p.rescheduled is None or p.cached_tokens is not None or tl.preemptions[-1] is not p:
+                    continue  # not rescheduled by this call (odd input), or listed twice
+                if not reschedule(p, tl.prompt_tokens, tl.output_tokens, n):
+                    self._anomalies.note(an.CACHED_OVER_CONTEXT, tl.request_id)
+        if self._anomalies.unlogged:
+            self._anomalies.log_pending()
 
     def engine_state(
         self,
@@ -442,6 +453,9 @@ class RequestTracker:
         spec_drafted_tokens: int = 0,
         spec_accepted_tokens: int = 0,
         step_tokens: int | None = None,
+        prompt_tokens_computed: int = 0,
+        prompt_tokens_cached: int = 0,
+        prompt_tokens_transferred: int = 0,
     ) -> None:
         """What the engine knows of itself, once per step (after its ``tokens()``) or per stats interval.
 
@@ -449,7 +463,10 @@ class RequestTracker:
         and ``waiting`` (requests, as the engine's scheduler counts them). Increments since the previous
         call: ``prefix_cache_queries`` / ``prefix_cache_hits`` (prompt tokens looked up / found cached),
         ``spec_drafted_tokens`` / ``spec_accepted_tokens`` (speculative decoding). ``step_tokens``: tokens
-        fed to the model in this step, one histogram sample. None / 0 means "not reported". Only stores
+        fed to the model in this step, one histogram sample. ``prompt_tokens_computed`` / ``_cached`` /
+        ``_transferred``: the prompt tokens of requests scheduled for the first time since the previous
+        call, by where they came from (computed, local prefix cache, a KV transfer), as vLLM's
+        ``vllm:prompt_tokens_by_source`` counts them. None / 0 means "not reported". Only stores
         numbers; the metrics are read at collection time (``otel_llm.engine_state``)."""
         kv, step = self._engine_state.report(
             kv_cache_usage,
@@ -460,6 +477,9 @@ class RequestTracker:
             spec_drafted_tokens,
             spec_accepted_tokens,
             step_tokens,
+            prompt_tokens_computed,
+            prompt_tokens_cached,
+            prompt_tokens_transferred,
         )
         log = self._step_log
         if log is not None and (step is not None or kv is not None):

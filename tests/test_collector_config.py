@@ -322,6 +322,8 @@ def metric_kinds() -> dict[str, tuple[str, str]]:
     table[s.METRIC_PREEMPTIONS] = ("counter", s.UNIT_PREEMPTION)
     table[s.METRIC_REQUESTS] = ("counter", s.UNIT_REQUEST)
     table[s.METRIC_TOKENS] = ("counter", s.UNIT_TOKEN)
+    table[s.METRIC_RECOMPUTE_TOKENS] = ("counter", s.UNIT_TOKEN)
+    table[s.METRIC_RECOMPUTE_CACHED_TOKENS] = ("counter", s.UNIT_TOKEN)
     table[s.METRIC_ACTIVE] = ("gauge", s.UNIT_REQUEST)  # up-down counter or gauge: both are gauges there
     table[s.METRIC_ANOMALIES] = ("counter", s.UNIT_ANOMALY)
     table[s.METRIC_SAMPLING_DECISIONS] = ("counter", s.UNIT_DECISION)
@@ -336,6 +338,7 @@ def metric_kinds() -> dict[str, tuple[str, str]]:
     ):
         table[name] = ("counter", s.UNIT_TOKEN)
     table[s.METRIC_STEP_TOKENS] = ("histogram", s.UNIT_TOKEN)
+    table[s.METRIC_PROMPT_TOKENS] = ("counter", s.UNIT_TOKEN)
     # The reference engine's KV-cache gauges (otel_llm.engine.telemetry).
     table[engine_telemetry.METRIC_KV_BLOCKS_USED] = ("gauge", engine_telemetry.UNIT_BLOCK)
     table[engine_telemetry.METRIC_KV_BLOCKS_TOTAL] = ("gauge", engine_telemetry.UNIT_BLOCK)
