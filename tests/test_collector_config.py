@@ -520,6 +520,23 @@ def test_dashboard_covers_the_serving_questions() -> None:
     assert traceql, "expected trace search panels"
 
 
+def test_dashboard_charts_what_preemptions_cost_in_work() -> None:
+    """The recompute tax and the prompt tokens by source are charted, and a trace table finds the
+    requests whose recomputes cost the most."""
+    promql, traceql = dashboard_queries(load_dashboard())
+    used = set().union(*(split_promql(e)[0] for e in promql))
+    s = semconv
+    for name in (s.METRIC_RECOMPUTE_TOKENS, s.METRIC_RECOMPUTE_CACHED_TOKENS, s.METRIC_PROMPT_TOKENS):
+        kind, unit = metric_kinds()[name]
+        assert prometheus_metric_names(name, kind, unit) & used, f"no panel charts {name}"
+    recompute = prometheus_metric_names(s.METRIC_RECOMPUTE_TOKENS, *metric_kinds()[s.METRIC_RECOMPUTE_TOKENS])
+    prompt = prometheus_metric_names(s.METRIC_PROMPT_TOKENS, *metric_kinds()[s.METRIC_PROMPT_TOKENS])
+    output = prometheus_metric_names(s.METRIC_TOKENS, *metric_kinds()[s.METRIC_TOKENS])
+    # The tax: recomputed over all the model's token work, in one expression.
+    assert any(recompute | prompt | output <= split_promql(e)[0] for e in promql)
+    assert any(f"span.{s.LLM_PREEMPTIONS_RECOMPUTE_TOKENS}" in q for q in traceql)
+
+
 def test_latency_panels_show_exemplars() -> None:
     targets = [t for t in walk(load_dashboard()["panels"]) if "histogram_quantile" in t.get("expr", "")]
     assert targets and all(t.get("exemplar") is True for t in targets)
