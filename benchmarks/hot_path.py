@@ -6,6 +6,9 @@ rescheduled before the next step's tokens (vLLM's recompute preemption). The bat
 order at each step (every request takes the tracker's per-request path) and, beside it for ours and the
 bare limit, as the same batch every step (the tracker advances it at once). Only the step loop is timed;
 queueing and finishing (span building) happen outside it. Cost = loop time / (steps x batch).
+
+Beside it, ``scheduled()`` alone at reschedulings, without and with ``cached_tokens`` (the figures of
+what a recompute costs, ``otel_llm.recompute``): the no-argument path must cost what it did before.
 """
 
 from __future__ import annotations
@@ -61,6 +64,70 @@ def decode_round(hook: Any, batch: int, steps: int, steady: bool = False) -> Rou
         return elapsed, steps * batch
 
     return run
+
+
+RESCHEDULED_BATCH = 16  # requests an engine step re-admits at once after preempting them
+CACHED = 48  # prefix-cache hits reported per rescheduled request (of a 64-token prompt)
+
+
+def rescheduling_round(tracker: RequestTracker, cycles: int, cached: bool) -> Round:
+    """One timed round of reschedulings: ``cycles`` times, the whole batch is preempted (untimed), then
+    re-admitted by one ``scheduled()`` call (timed), with or without ``cached_tokens``. Cost = time in
+    ``scheduled()`` / reschedulings. Each round uses fresh requests, under the preemption span cap."""
+    figures = [CACHED] * RESCHEDULED_BATCH
+
+    def run() -> tuple[int, int]:
+        tag = next(_round_ids)
+        ids = [f"resched-{tag}-{i}" for i in range(RESCHEDULED_BATCH)]
+        for rid in ids:
+            tracker.queued(rid, prompt_tokens=64)
+        tracker.scheduled(ids)
+        tracker.tokens(ids)
+        scheduled, preempted = tracker.scheduled, tracker.preempted
+        elapsed = 0
+        for _ in range(cycles):
+            preempted(ids)
+            if cached:
+                start = perf_ns()
+                scheduled(ids, None, figures)
+                elapsed += perf_ns() - start
+            else:
+                start = perf_ns()
+                scheduled(ids)
+                elapsed += perf_ns() - start
+        for rid in ids:
+            tracker.finished(rid)
+        return elapsed, cycles * RESCHEDULED_BATCH
+
+    return run
+
+
+def rescheduling(quick: bool, rounds: int) -> Measure:
+    """scheduled() per rescheduled request, without cached_tokens (ours) and with it (the peer)."""
+    providers = discarding_providers()
+    try:
+        cycles = 4 if quick else 30  # at most 32 preemptions a request get spans: stay under the cap
+        variants = {}
+        for name, cached in (("without", False), ("with", True)):
+            tracker = RequestTracker(
+                tracer_provider=providers.tracer_provider,
+                meter_provider=providers.meter_provider,
+                model="bench-model",
+            )
+            variants[name] = rescheduling_round(tracker, cycles, cached)
+        t = compare(variants, rounds * (1 if quick else 5))
+    finally:
+        providers.shutdown()
+    return Measure(
+        "hook",
+        f"scheduled() per rescheduled request, batch {RESCHEDULED_BATCH}, without cached_tokens",
+        "ns",
+        t["without"].median_ns,
+        {"with cached_tokens (recompute figures)": t["with"].median_ns},
+        spread=(t["without"].low_ns, t["without"].high_ns),
+        note="the no-argument path is the code it was before the recompute figures; the peer is the "
+        "price of reporting them",
+    )
 
 
 def hooks() -> tuple[dict[str, Callable[[], Any]], Callable[[], None]]:
@@ -139,4 +206,5 @@ def run(quick: bool, rounds: int) -> list[Measure]:
             )
     finally:
         close()
+    out.append(rescheduling(quick, rounds))
     return out

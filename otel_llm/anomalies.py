@@ -28,6 +28,9 @@ ATTRIBUTE_DROPPED = "attribute_dropped"  # see otel_llm.attributes
 ATTRIBUTE_TRUNCATED = "attribute_truncated"
 # More preemptions than the tracker draws spans for: the rest are summarised on llm.request.
 PREEMPTION_SPANS_CAPPED = "preemption_spans_capped"
+# scheduled(cached_tokens=) at a rescheduling gave more tokens than the request's prompt + output so far:
+# the recompute is taken as 0 tokens (otel_llm.recompute).
+CACHED_OVER_CONTEXT = "cached_tokens_over_context"
 
 KINDS = (
     UNKNOWN_REQUEST,
@@ -44,6 +47,7 @@ KINDS = (
     ATTRIBUTE_DROPPED,
     ATTRIBUTE_TRUNCATED,
     PREEMPTION_SPANS_CAPPED,
+    CACHED_OVER_CONTEXT,
 )
 
 

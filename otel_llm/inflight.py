@@ -24,7 +24,8 @@ from typing import Any
 from otel_llm import anomalies as an
 from otel_llm import semconv as sc
 from otel_llm.checks import check_cached_tokens
-from otel_llm.timeline import RUNNING, WAITING, FinishedRequest, Step, Timeline
+from otel_llm.recompute import reschedule
+from otel_llm.timeline import PREEMPTED, RUNNING, WAITING, FinishedRequest, Preemption, Step, Timeline
 
 _monotonic = time.monotonic
 _INF = math.inf
@@ -163,16 +164,26 @@ class InFlight:
         """scheduled() with a prefix-cache hit count per request."""
         ids, counts = check_cached_tokens(request_ids, cached)
         first: list[tuple[Timeline, int]] = []
+        again: list[tuple[Timeline, Preemption, int]] = []
         with self._lock:
             for rid, n in zip(ids, counts):
                 tl = self._inflight.get(rid)
                 if tl is not None and tl.state == WAITING:
                     first.append((tl, n))
+                elif tl is not None and tl.state == PREEMPTED:
+                    again.append((tl, tl.preemptions[-1], n))
         self.scheduled(ids, ts)
         with self._lock:
             for tl, n in first:
                 if tl.cached_tokens is None and tl.state == RUNNING:
                     tl.cached_tokens = n
+            for tl, p, n in again:  # R_k: what the rescheduling cost in tokens (otel_llm.recompute)
+                if p.rescheduled is None or p.cached_tokens is not None or tl.preemptions[-1] is not p:
+                    continue  # not rescheduled by this call (odd input), or listed twice
+                if not reschedule(p, tl.prompt_tokens, tl.output_tokens, n):
+                    self._anomalies.note(an.CACHED_OVER_CONTEXT, tl.request_id)
+        if self._anomalies.unlogged:
+            self._anomalies.log_pending()
 
     def _close_overdue(self) -> None:
         """force_flush(): the requests past their maximum age are evicted now."""

@@ -36,6 +36,7 @@ from otel_llm._version import __version__
 from otel_llm.histogram import BucketHistogram, HistogramSource
 from otel_llm.intervals import Intervals
 from otel_llm.observables import ObserveFn, Observer, observe
+from otel_llm.recompute import RecomputeCounters
 from otel_llm.recorders import (
     ExemplarRef,
     InstrumentBulk,
@@ -157,6 +158,7 @@ class RequestMetrics:
             self._observe_kv_bytes,
             counter=True,
         )
+        self.recompute_work = RecomputeCounters(self.observe)  # tokens recomputed / cached, per preemption
 
     # --- which recorders, for which provider ----------------------------------------------------------
 
@@ -316,6 +318,7 @@ class RequestMetrics:
                 self.kv_bytes += tl.kv_bytes
             if tl.preemptions:
                 self.preemptions += len(tl.preemptions)
+                self.recompute_work.add(tl.preemptions)
                 end = fin.finished
                 for p in tl.preemptions:
                     resumed = p.rescheduled

@@ -10,6 +10,7 @@ from typing import Any
 
 from otel_llm import semconv as sc
 from otel_llm.intervals import Intervals
+from otel_llm.recompute import request_attributes as recompute_attributes
 from otel_llm.timeline import FinishedRequest, Timeline
 
 # Preemptions drawn as spans (and events) per request; 2 spans and 2 events each. A request preempted
@@ -61,6 +62,8 @@ def root_attributes(
     attrs[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = tl.output_tokens
     attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = (fin.reason,)
     attrs[sc.LLM_PREEMPTIONS] = len(tl.preemptions)
+    if tl.preemptions:
+        attrs.update(recompute_attributes(tl.preemptions))
     if tl.cached_tokens is not None:
         attrs[sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = tl.cached_tokens
     if len(tl.preemptions) > MAX_PREEMPTION_SPANS:

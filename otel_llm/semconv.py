@@ -60,6 +60,14 @@ LLM_PREEMPTIONS = "llm.preemptions"
 LLM_PREEMPTIONS_UNSPANNED = "llm.preemptions.unspanned"
 LLM_PREEMPTIONS_UNSPANNED_PREEMPTED = "llm.preemptions.unspanned.preempted_duration"
 LLM_PREEMPTIONS_UNSPANNED_RECOMPUTE = "llm.preemptions.unspanned.recompute_duration"
+# What a preemption cost in work (otel_llm.recompute), in tokens, from the prefix-cache hits the engine
+# reported when it rescheduled the request (scheduled(cached_tokens=...) at R_k). On llm.recompute: the
+# context (prompt + output tokens so far) it had to compute again, and the part it found cached.
+LLM_RECOMPUTE_TOKENS = "llm.recompute.tokens"
+LLM_RECOMPUTE_CACHED_TOKENS = "llm.recompute.cached_tokens"
+# On llm.request: their sums over the request's preemptions (all of them, past the span cap too).
+LLM_PREEMPTIONS_RECOMPUTE_TOKENS = "llm.preemptions.recompute.tokens"
+LLM_PREEMPTIONS_RECOMPUTE_CACHED_TOKENS = "llm.preemptions.recompute.cached_tokens"
 LLM_RESUMED = "llm.resumed"
 LLM_OUTPUT_TOKENS = "llm.output_tokens"
 LLM_FINISH_REASON = "llm.finish_reason"
@@ -94,6 +102,15 @@ ROLE_DECODE = "decode"
 ROLE_BOTH = "both"
 ROLES = (ROLE_PREFILL, ROLE_DECODE, ROLE_BOTH)
 LLM_KV_TRANSFER_BYTES = "llm.kv_transfer.bytes"
+
+# Where the prompt tokens of requests scheduled for the first time came from (llm.server.prompt_tokens),
+# as vLLM's vllm:prompt_tokens_by_source splits them (its local_compute, local_cache_hit,
+# external_kv_transfer): computed by the model, read from the local prefix cache, or received over a
+# KV transfer (a connector, a disaggregated prefill instance).
+LLM_PROMPT_TOKENS_SOURCE = "llm.prompt_tokens.source"
+PROMPT_SOURCE_COMPUTED = "computed"
+PROMPT_SOURCE_PREFIX_CACHE = "prefix_cache"
+PROMPT_SOURCE_KV_TRANSFER = "kv_transfer"
 
 # Values of gen_ai.token.type and llm.request.state.
 TOKEN_TYPE_INPUT = "input"
@@ -132,6 +149,10 @@ METRIC_PREEMPTIONS = "llm.server.preemptions"
 METRIC_REQUESTS = "llm.server.requests"
 METRIC_TOKENS = "llm.server.tokens"
 METRIC_ACTIVE = "llm.server.requests.active"
+# Tokens recomputed after preemptions, and the prefix-cache tokens those recomputes reused (counters,
+# {token}; the sums of the llm.recompute spans' figures, counted when the request ends).
+METRIC_RECOMPUTE_TOKENS = "llm.server.recompute.tokens"
+METRIC_RECOMPUTE_CACHED_TOKENS = "llm.server.recompute.cached_tokens"
 METRIC_KV_TRANSFER = "llm.server.kv_transfer.duration"
 METRIC_KV_TRANSFER_BYTES = "llm.server.kv_transfer.bytes"
 
@@ -143,6 +164,8 @@ METRIC_PREFIX_CACHE_HITS = "llm.server.prefix_cache.hits"  # counter, {token}: o
 METRIC_SPEC_DRAFT_TOKENS = "llm.server.spec_decode.draft_tokens"  # counter, {token}: proposed by the drafter
 METRIC_SPEC_ACCEPTED_TOKENS = "llm.server.spec_decode.accepted_tokens"  # counter, {token}: of those, accepted
 METRIC_STEP_TOKENS = "llm.server.step.tokens"  # histogram, {token}: tokens fed to the model per step
+# counter, {token}: prompt tokens of requests scheduled for the first time, by llm.prompt_tokens.source
+METRIC_PROMPT_TOKENS = "llm.server.prompt_tokens"
 
 # Self-telemetry: how otel_llm itself is doing.
 METRIC_ANOMALIES = "otel_llm.anomalies"

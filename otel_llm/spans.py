@@ -49,6 +49,7 @@ from otel_llm._version import __version__
 from otel_llm.clock import Clock
 from otel_llm.handoff import remote_request_context
 from otel_llm.identity import TraceIdentity, parent_span_context, replay, request_kind
+from otel_llm.recompute import span_attributes as recompute_attributes
 from otel_llm.records import MAX_PREEMPTION_SPANS, describe, request_events
 from otel_llm.steps import DETAIL_PHASES, DETAIL_REQUEST, MAX_STEP_SPANS, StepRecord, longest, step_attributes
 from otel_llm.timeline import FinishedRequest, Timeline
@@ -304,7 +305,7 @@ def _children(
             child(sc.SPAN_PREEMPTED, ctx, ns(p.preempted), ns(resumed if resumed is not None else until))
             if resumed is not None:
                 recomputed = p.recomputed if p.recomputed is not None else until
-                child(sc.SPAN_RECOMPUTE, ctx, ns(resumed), ns(recomputed))
+                child(sc.SPAN_RECOMPUTE, ctx, ns(resumed), ns(recomputed), recompute_attributes(p))
     if steps is not None:
         emit.set_attribute(root, sc.LLM_STEPS, len(steps))
         emit.set_attribute(root, sc.LLM_STEPS_UNSPANNED, max(0, len(steps) - MAX_STEP_SPANS))

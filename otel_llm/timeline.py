@@ -20,7 +20,16 @@ PREEMPTED = 2
 class Preemption:
     """One eviction of the request's KV cache and what followed it (monotonic seconds)."""
 
-    __slots__ = ("after_first_token", "last_token", "output_tokens", "preempted", "recomputed", "rescheduled")
+    __slots__ = (
+        "after_first_token",
+        "cached_tokens",
+        "last_token",
+        "output_tokens",
+        "preempted",
+        "recompute_tokens",
+        "recomputed",
+        "rescheduled",
+    )
 
     def __init__(self, preempted: float, output_tokens: int, last_token: float | None) -> None:
         self.preempted = preempted  # P_k
@@ -31,6 +40,11 @@ class Preemption:
         self.after_first_token = last_token is not None
         self.rescheduled: float | None = None  # R_k, None while still evicted
         self.recomputed: float | None = None  # T_k, None until a token follows R_k
+        # What the rescheduling at R_k cost in work, in tokens, when the engine reported its prefix-cache
+        # hits then (``scheduled(cached_tokens=...)``; otel_llm.recompute): the tokens of the context it
+        # found cached, and those it had to compute again. None when not reported.
+        self.cached_tokens: int | None = None
+        self.recompute_tokens: int | None = None
 
 
 class Step:

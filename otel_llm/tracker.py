@@ -5,7 +5,8 @@ dict lookup and a few attribute writes. Spans and request-level metrics are buil
 finishes (``otel_llm.finish``). Inter-token latency is counted here into a bucket histogram: requests
 that also produced tokens in the previous step share one gap, so a decode batch adds to the histogram
 once per step, not once per request. The per-step batch paths are here; the registry and each
-request's own events are ``otel_llm.inflight``, the argument checks ``otel_llm.checks``.
+request's own events are ``otel_llm.inflight``, the argument checks ``otel_llm.checks``,
+``engine_state()`` is ``otel_llm.engine_state``.
 
 Threads: every hook takes one lock for its in-memory bookkeeping (never across export or span building),
 so an API thread may call ``queued``/``finished`` while the engine thread calls the batch hooks.
@@ -26,7 +27,7 @@ from otel_llm import checks, self_metrics
 from otel_llm import semconv as sc
 from otel_llm.checks import check_counts, check_ids
 from otel_llm.clock import Clock
-from otel_llm.engine_state import EngineState
+from otel_llm.engine_state import EngineState, EngineStateHook
 from otel_llm.finish import Finisher
 from otel_llm.handoff import carrier_for, continue_request, read_carrier
 from otel_llm.identity import parent_context, parent_span_context
@@ -49,7 +50,7 @@ from otel_llm.tracker_options import (
 _log = logging.getLogger("otel_llm")
 
 
-class RequestTracker(InFlight):
+class RequestTracker(InFlight, EngineStateHook):
     """Turns engine events into one trace and the latency metrics per request.
 
     Args:
@@ -180,9 +181,10 @@ class RequestTracker(InFlight):
     ) -> None:
         """These requests entered the running batch: the first time (S1) or after a preemption (R_k).
 
-        ``cached_tokens``: per request, the prompt tokens found in the engine's prefix cache (not
-        computed); the figure given at the first scheduling is kept, as
-        ``gen_ai.usage.cache_read.input_tokens`` on ``llm.request``."""
+        ``cached_tokens``: per request, the tokens found in the engine's prefix cache (not computed).
+        At the first scheduling: prompt tokens, kept as ``gen_ai.usage.cache_read.input_tokens`` on
+        ``llm.request``. At a rescheduling: tokens of its context (prompt + output so far); the rest is
+        what the engine recomputes (``llm.recompute.tokens``, see ``otel_llm.recompute``)."""
         check_ids(request_ids)
         if cached_tokens is not None:
             self._scheduled_cached(request_ids, ts, cached_tokens)
@@ -259,41 +261,6 @@ class RequestTracker(InFlight):
                 self._batch = request_ids.copy() if request_ids.__class__ is list else request_ids
         if self._anomalies.unlogged:
             self._anomalies.log_pending()
-
-    def engine_state(
-        self,
-        *,
-        kv_cache_usage: float | None = None,
-        running: int | None = None,
-        waiting: int | None = None,
-        prefix_cache_queries: int = 0,
-        prefix_cache_hits: int = 0,
-        spec_drafted_tokens: int = 0,
-        spec_accepted_tokens: int = 0,
-        step_tokens: int | None = None,
-    ) -> None:
-        """What the engine knows of itself, once per step (after its ``tokens()``) or per stats interval.
-
-        Gauges (latest value wins): ``kv_cache_usage`` (fraction of KV blocks in use, 0..1), ``running``
-        and ``waiting`` (requests, as the engine's scheduler counts them). Increments since the previous
-        call: ``prefix_cache_queries`` / ``prefix_cache_hits`` (prompt tokens looked up / found cached),
-        ``spec_drafted_tokens`` / ``spec_accepted_tokens`` (speculative decoding). ``step_tokens``: tokens
-        fed to the model in this step, one histogram sample. None / 0 means "not reported". Only stores
-        numbers; the metrics are read at collection time (``otel_llm.engine_state``)."""
-        kv, step = self._engine_state.report(
-            kv_cache_usage,
-            running,
-            waiting,
-            prefix_cache_queries,
-            prefix_cache_hits,
-            spec_drafted_tokens,
-            spec_accepted_tokens,
-            step_tokens,
-        )
-        log = self._step_log
-        if log is not None and (step is not None or kv is not None):
-            with self._lock:
-                log.note_state(step, kv)
 
     def preempted(self, request_ids: Sequence[Any], ts: float | None = None) -> None:
         """The KV cache of these running requests was evicted (P_k); they wait to be recomputed."""

@@ -322,6 +322,8 @@ def metric_kinds() -> dict[str, tuple[str, str]]:
     table[s.METRIC_PREEMPTIONS] = ("counter", s.UNIT_PREEMPTION)
     table[s.METRIC_REQUESTS] = ("counter", s.UNIT_REQUEST)
     table[s.METRIC_TOKENS] = ("counter", s.UNIT_TOKEN)
+    table[s.METRIC_RECOMPUTE_TOKENS] = ("counter", s.UNIT_TOKEN)
+    table[s.METRIC_RECOMPUTE_CACHED_TOKENS] = ("counter", s.UNIT_TOKEN)
     table[s.METRIC_ACTIVE] = ("gauge", s.UNIT_REQUEST)  # up-down counter or gauge: both are gauges there
     table[s.METRIC_ANOMALIES] = ("counter", s.UNIT_ANOMALY)
     table[s.METRIC_SAMPLING_DECISIONS] = ("counter", s.UNIT_DECISION)
@@ -336,6 +338,7 @@ def metric_kinds() -> dict[str, tuple[str, str]]:
     ):
         table[name] = ("counter", s.UNIT_TOKEN)
     table[s.METRIC_STEP_TOKENS] = ("histogram", s.UNIT_TOKEN)
+    table[s.METRIC_PROMPT_TOKENS] = ("counter", s.UNIT_TOKEN)
     # The reference engine's KV-cache gauges (otel_llm.engine.telemetry).
     table[engine_telemetry.METRIC_KV_BLOCKS_USED] = ("gauge", engine_telemetry.UNIT_BLOCK)
     table[engine_telemetry.METRIC_KV_BLOCKS_TOTAL] = ("gauge", engine_telemetry.UNIT_BLOCK)
@@ -515,6 +518,23 @@ def test_dashboard_covers_the_serving_questions() -> None:
         kind, unit = metric_kinds()[name]
         assert prometheus_metric_names(name, kind, unit) & used, f"no panel charts {name}"
     assert traceql, "expected trace search panels"
+
+
+def test_dashboard_charts_what_preemptions_cost_in_work() -> None:
+    """The recompute tax and the prompt tokens by source are charted, and a trace table finds the
+    requests whose recomputes cost the most."""
+    promql, traceql = dashboard_queries(load_dashboard())
+    used = set().union(*(split_promql(e)[0] for e in promql))
+    s = semconv
+    for name in (s.METRIC_RECOMPUTE_TOKENS, s.METRIC_RECOMPUTE_CACHED_TOKENS, s.METRIC_PROMPT_TOKENS):
+        kind, unit = metric_kinds()[name]
+        assert prometheus_metric_names(name, kind, unit) & used, f"no panel charts {name}"
+    recompute = prometheus_metric_names(s.METRIC_RECOMPUTE_TOKENS, *metric_kinds()[s.METRIC_RECOMPUTE_TOKENS])
+    prompt = prometheus_metric_names(s.METRIC_PROMPT_TOKENS, *metric_kinds()[s.METRIC_PROMPT_TOKENS])
+    output = prometheus_metric_names(s.METRIC_TOKENS, *metric_kinds()[s.METRIC_TOKENS])
+    # The tax: recomputed over all the model's token work, in one expression.
+    assert any(recompute | prompt | output <= split_promql(e)[0] for e in promql)
+    assert any(f"span.{s.LLM_PREEMPTIONS_RECOMPUTE_TOKENS}" in q for q in traceql)
 
 
 def test_latency_panels_show_exemplars() -> None:

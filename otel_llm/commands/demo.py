@@ -1,9 +1,11 @@
 """``otel-llm demo``: the reference engine on a workload sized to preempt, exported through configure().
 
 Requests arrive staggered (by engine step, so a seed gives the same run on any machine) with mixed
-prompt and output lengths onto a KV cache too small for all of them. The summary's latencies come from
-this run's finished ``llm.request`` spans (a second, in-memory span processor next to the exporter)
-and inter-token latency from the engine's own per-step token timestamps.
+prompt and output lengths onto a KV cache too small for all of them. They are chat traffic
+(``otel_llm.commands.chat``): one shared system prompt, single questions and a few multi-turn
+conversations, so most requests read part of their prompt from the prefix cache. The summary's
+latencies come from this run's finished ``llm.request`` spans (a second, in-memory span processor next
+to the exporter) and inter-token latency from the engine's own per-step token timestamps.
 """
 
 from __future__ import annotations
@@ -96,6 +98,19 @@ def make_workload(n: int, seed: int, max_len: int) -> list[DemoRequest]:
     return out
 
 
+def chat_question(rng: random.Random, room: int) -> str:
+    """A message of at most ``room`` tokens: mostly 10 to 120, one in five longer (chunked prefill)."""
+    room = max(1, room)
+    if rng.random() < 0.2:
+        target = rng.randint(min(150, room), room)
+    else:
+        target = rng.randint(min(10, room), min(120, room))
+    words: list[str] = []
+    while len(" ".join(words)) < target:
+        words.append(rng.choice(_WORDS))
+    return " ".join(words)[:target]
+
+
 def run(args: argparse.Namespace) -> int:
     check_environment("demo")
     need_extras("demo", "torch")
@@ -114,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     import otel_llm
+    from otel_llm.commands.chat import ChatClient, make_chat_workload
     from otel_llm.commands.summary import summary_table
     from otel_llm.commands.view import emit, render_lines, terminal_width
     from otel_llm.engine import EngineConfig, LLMEngine, ModelConfig
@@ -146,21 +162,23 @@ def run(args: argparse.Namespace) -> int:
         tracer_provider=telemetry.tracer_provider,
         meter_provider=telemetry.meter_provider,
     )
-    workload = make_workload(args.requests, args.seed, min(config.kv_capacity, 400))
+    max_len = min(config.kv_capacity, 400)
+    workload = make_chat_workload(args.requests, args.seed, max_len, chat_question)
+    client = ChatClient(workload, engine.tokenizer.encode, max_len)
     token_ts: dict[str, list[float]] = {}
     started = time.monotonic()
     with Progress(console=console(stderr=True), transient=True) as progress:
         bar = progress.add_task("serving", total=len(workload))
-        step, nxt = 0, 0
-        while nxt < len(workload) or engine.has_unfinished():
-            if not engine.has_unfinished():
-                step = max(step, workload[nxt].arrival_step)  # idle engine: jump to the next arrival
-            while nxt < len(workload) and workload[nxt].arrival_step <= step:
-                req = workload[nxt]
-                engine.add_request(req.prompt, max_tokens=req.max_tokens, request_id=f"req-{nxt:03d}")
-                nxt += 1
+        step = 0
+        while not client.done or engine.has_unfinished():
+            nxt = client.next_arrival()
+            if not engine.has_unfinished() and nxt is not None:
+                step = max(step, nxt)  # idle engine: jump to the next arrival
+            for rid, prompt, max_tokens in client.arrivals(step):
+                engine.add_request(prompt, max_tokens=max_tokens, request_id=rid)
             for out in engine.step():
                 token_ts.setdefault(out.request_id, []).append(out.ts)
+                client.delivered(out.request_id, out.new_token_ids, out.finished, step)
                 if out.finished:
                     progress.advance(bar)
             step += 1

@@ -371,6 +371,26 @@ def _numbers(trace: RequestTrace) -> list[str]:
         ),
         ("finish", ",".join(map(str, a.get(sc.GEN_AI_RESPONSE_FINISH_REASONS) or ["-"]))),
     ]
+    cached = a.get(sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS)
+    if cached is not None:  # after tokens in/out
+        facts.insert(len(facts) - 1, ("prompt tokens from the prefix cache", str(cached)))
+    work = _recompute_work(trace)
+    if work is not None:  # after the preemptions
+        facts.insert(facts.index(("preemptions", str(trace.preemptions))) + 1, ("recomputes", work))
     if trace.steps:
         facts.append(("engine steps", str(trace.steps)))
     return [f"{k}: {v}" for k, v in facts]
+
+
+def _recompute_work(trace: RequestTrace) -> str | None:
+    """What the request's recomputes cost and saved, in tokens, from the sums on ``llm.request`` (and,
+    for a disaggregated request, on its prefill instance's span); None when the engine did not say."""
+    carriers = [trace.root] + [s for s in trace.spans if s.name == sc.SPAN_INSTANCE_PREFILL]
+    recomputed = [s.attributes.get(sc.LLM_PREEMPTIONS_RECOMPUTE_TOKENS) for s in carriers]
+    cached = [s.attributes.get(sc.LLM_PREEMPTIONS_RECOMPUTE_CACHED_TOKENS) for s in carriers]
+    if all(v is None for v in cached):
+        return None
+    saved = f"{sum(int(v) for v in cached if v is not None)} read from the prefix cache"
+    if all(v is None for v in recomputed):
+        return saved
+    return f"{sum(int(v) for v in recomputed if v is not None)} tokens computed again, {saved}"

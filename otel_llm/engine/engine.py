@@ -98,10 +98,12 @@ class LLMEngine:
         self.runner = ModelRunner(self.config, self.scheduler.block_manager)
         self.tracker = tracker
         # A hook with engine_state() (RequestTracker) also takes the engine's own state and, on
-        # scheduled(), the prompt tokens each request found in the prefix cache.
+        # scheduled(), the tokens each request found in the prefix cache: its prompt's at the first
+        # admission, its context's (prompt + output so far) at one after a preemption.
         self._reports_state = tracker is not None and hasattr(tracker, "engine_state")
         self._prefix_hits_reported = 0
         self._prefix_queries_reported = 0
+        self._prompt_tokens_reported = (0, 0, 0)  # computed, cached, transferred
         self.telemetry = EngineTelemetry(
             self.scheduler,
             meter_provider,
@@ -196,7 +198,7 @@ class LLMEngine:
         if tracker is not None and batch.newly_scheduled:
             ids = [s.request_id for s in batch.newly_scheduled]
             if self._reports_state:
-                cached = [s.num_cached_tokens or 0 for s in batch.newly_scheduled]
+                cached = [s.cached_at_admission for s in batch.newly_scheduled]
                 tracker.scheduled(ids, ts=sched_ts, cached_tokens=cached)
             else:
                 tracker.scheduled(ids, ts=sched_ts)
@@ -261,6 +263,8 @@ class LLMEngine:
             return
         sched = self.scheduler
         queries, hits = sched.prefix_cache_queries, sched.prefix_cache_hits
+        prompt = (sched.prompt_tokens_computed, sched.prompt_tokens_cached, sched.prompt_tokens_transferred)
+        computed, cached, transferred = (n - r for n, r in zip(prompt, self._prompt_tokens_reported))
         self.tracker.engine_state(  # type: ignore[union-attr]
             kv_cache_usage=sched.block_manager.usage,
             running=len(sched.running),
@@ -268,8 +272,12 @@ class LLMEngine:
             prefix_cache_queries=queries - self._prefix_queries_reported,
             prefix_cache_hits=hits - self._prefix_hits_reported,
             step_tokens=step_tokens or None,
+            prompt_tokens_computed=computed,
+            prompt_tokens_cached=cached,
+            prompt_tokens_transferred=transferred,
         )
         self._prefix_queries_reported, self._prefix_hits_reported = queries, hits
+        self._prompt_tokens_reported = prompt
 
     def _hand_off(self, seq: Sequence) -> None:
         """Prefill role: copy the prompt's K/V out, free the blocks, queue the request for sending."""

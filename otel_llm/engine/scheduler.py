@@ -46,6 +46,12 @@ class Scheduler:
         # Prefix cache since start, in tokens: looked up at admission, and found cached.
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
+        # Prompt tokens of requests admitted for the first time, by where their K/V came from: computed
+        # by the model, found in the prefix cache, or handed in with the request (vLLM's split of
+        # vllm:prompt_tokens_by_source). Readmissions after a preemption are recomputes, not counted.
+        self.prompt_tokens_computed = 0
+        self.prompt_tokens_cached = 0
+        self.prompt_tokens_transferred = 0
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -100,6 +106,9 @@ class Scheduler:
                 self.prefix_cache_hits += cached
                 if seq.num_cached_tokens is None:
                     seq.num_cached_tokens = cached
+            seq.cached_at_admission = cached
+            if not seq.num_preemptions:  # its first admission
+                self._count_prompt(seq, cached, handed_in)
             self.block_manager.allocate(seq, seq.num_computed_tokens + n)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
@@ -108,6 +117,14 @@ class Scheduler:
             batch.newly_scheduled.append(seq)
             budget -= n
         return batch
+
+    def _count_prompt(self, seq: Sequence, cached: int, handed_in: bool) -> None:
+        """A first admission's prompt tokens, by source (tokens)."""
+        if handed_in:
+            self.prompt_tokens_transferred += seq.num_prompt_tokens
+        else:
+            self.prompt_tokens_cached += cached
+            self.prompt_tokens_computed += seq.num_prompt_tokens - cached
 
     def _chunk(self, seq: Sequence, budget: int) -> int:
         """Tokens of ``seq`` to feed this step: what is left, within the budget and the prefill cap."""

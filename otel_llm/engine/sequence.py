@@ -21,6 +21,7 @@ class Sequence:
     __slots__ = (
         "block_hashes",
         "block_table",
+        "cached_at_admission",
         "finish_reason",
         "max_tokens",
         "num_cached_tokens",
@@ -54,6 +55,9 @@ class Sequence:
         self.block_hashes: list[int] = []  # prefix-cache hashes of its leading full blocks
         # Prompt tokens found in the prefix cache when first scheduled (None until then).
         self.num_cached_tokens: int | None = None
+        # Tokens found in the prefix cache at its latest admission, the first or one after a preemption
+        # (then the rest of prompt + output is recomputed); 0 for a request handed in with its K/V.
+        self.cached_at_admission = 0
         self.num_preemptions = 0
         self.finish_reason: str | None = None
         self.trace_link: object | None = None  # SpanContext of the request span, for step-span links

@@ -25,7 +25,7 @@ DRIVER = Path(__file__).with_name("drive_scheduler.py")
 VLLM_PYTHON = Path(os.environ.get("OTEL_LLM_VLLM_PYTHON", REPO / ".venv-vllm" / "bin" / "python"))
 ABS = 1e-6  # seconds: float precision for values computed from the same monotonic timestamps
 # The driver's scenarios (see its docstring); test_every_scenario_ran checks the list is complete.
-SCENARIOS = ("mixed", "prefill_preemption", "speculative")
+SCENARIOS = ("mixed", "prefill_preemption", "speculative", "recompute")
 
 needs_vllm = pytest.mark.skipif(
     not VLLM_PYTHON.exists(),
@@ -91,7 +91,8 @@ class Preemption:
     """One preemption in vLLM's engine-core timeline of a request; monotonic seconds.
 
     ``preempted`` P, ``rescheduled`` R (the next SCHEDULED, or None), ``next_tokens`` T (the first token
-    batch after R, or None), ``before_first_token``: P came before the request's first token batch.
+    batch after R, or None), ``before_first_token``: P came before the request's first token batch,
+    ``recompute_end``: where its recompute ends, T or, for a recompute cut short, the next PREEMPTED.
     """
 
     def __init__(self, entries: list[list[Any]], index: int) -> None:
@@ -102,6 +103,11 @@ class Preemption:
             ts for kind, ts, *_ in later if kind == "TOKENS" and ts >= (self.rescheduled or float("inf"))
         ]
         self.next_tokens = after[0] if after else None
+        cut = [
+            ts for kind, ts, *_ in later if kind == "PREEMPTED" and ts >= (self.rescheduled or float("inf"))
+        ]
+        ends = [ts for ts in (self.next_tokens, cut[0] if cut else None) if ts is not None]
+        self.recompute_end = min(ends) if ends else None
         firsts = [ts for kind, ts, *_ in entries if kind == "TOKENS"]
         self.before_first_token = not firsts or self.preempted < firsts[0]
 

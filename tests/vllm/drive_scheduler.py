@@ -9,6 +9,9 @@ through vLLM's own ``OutputProcessor.process_outputs`` (instrumented by otel_llm
 ``IterationStats``, so vLLM's ``FinishedRequestStats`` and our spans and metrics come from the same run.
 Then, as vLLM's engine loop does, the step's ``SchedulerStats`` go to ``update_scheduler_stats``; the
 driver keeps vLLM's own numbers of each step (``vllm_engine_state``) to compare the engine-state metrics.
+At every rescheduling of a preempted request it also writes down, from vLLM's ``Request`` itself, the
+tokens vLLM found cached and had left to compute, and then the tokens it scheduled for the recompute
+(``vllm_reschedulings``), for the recompute figures.
 
 Scenarios are in driver_scenarios.py; each runs with a fresh tracker, scheduler and output processor.
 
@@ -52,6 +55,8 @@ from vllm.config import (
     VllmConfig,
 )
 from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import get_hash_fn_by_name
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreRequest
 from vllm.v1.engine.output_processor import OutputProcessor
@@ -117,7 +122,7 @@ def build_scheduler(scenario: Scenario, model_dir: str) -> Scheduler:
             max_model_len=MAX_MODEL_LEN,
             is_encoder_decoder=False,
         ),
-        cache_config=CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=False),
+        cache_config=CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=scenario.prefix_caching),
     )
     cfg.cache_config.num_gpu_blocks = scenario.num_blocks
     spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype=torch.float32)
@@ -136,12 +141,22 @@ def build_scheduler(scenario: Scenario, model_dir: str) -> Scheduler:
     )
 
 
+def block_hasher(scenario: Scenario, sched: Scheduler):
+    """What vLLM's engine core gives each request when prefix caching is on: its block hasher."""
+    if not scenario.prefix_caching:
+        return None
+    hash_fn = get_hash_fn_by_name(sched.cache_config.prefix_caching_hash_algo)
+    init_none_hash(hash_fn)
+    return get_request_block_hasher(BLOCK_SIZE, hash_fn)
+
+
 def engine_request(scenario: Scenario, request_id: str, index: int) -> EngineCoreRequest:
     spec = scenario.requests[request_id]
     parented = request_id == scenario.parented
+    shared = min(scenario.shared_prefix, spec.prompt_len)
     return EngineCoreRequest(
         request_id=request_id,
-        prompt_token_ids=[index + 3] * spec.prompt_len,
+        prompt_token_ids=[2] * shared + [index + 3] * (spec.prompt_len - shared),
         mm_features=None,
         sampling_params=SamplingParams(
             max_tokens=spec.max_tokens, stop_token_ids=[STOP_TOKEN], detokenize=False
@@ -165,7 +180,9 @@ def sample(scenario: Scenario, sched: Scheduler, sched_out) -> ModelRunnerOutput
     sampled = []
     for rid in ids:
         req = sched.requests[rid]
-        if req.num_computed_tokens + sched_out.num_scheduled_tokens[rid] < req.num_tokens:
+        # schedule() has already added this step's tokens to num_computed_tokens: the step ends the
+        # prompt (or a recompute) when that reaches num_tokens; before, it is a chunk, with no token.
+        if req.num_computed_tokens < req.num_tokens:
             sampled.append([])  # still in a chunked prefill
             continue
         spec = scenario.requests[rid]
@@ -201,19 +218,23 @@ def run(scenario: Scenario, model_dir: str) -> dict:
     patched = class_functions()
     sched = build_scheduler(scenario, model_dir)
     proc = OutputProcessor(tokenizer=None, log_stats=True)  # vLLM's own frontend-side stats
+    hasher = block_hasher(scenario, sched)
 
     for index, rid in enumerate(scenario.requests):
         ecr = engine_request(scenario, rid, index)
         proc.add_request(ecr, prompt=None)
-        sched.add_request(Request.from_engine_core_request(ecr, block_hasher=None))
+        sched.add_request(Request.from_engine_core_request(ecr, block_hasher=hasher))
 
     finished, itls, timeline, step = [], [], {rid: [] for rid in scenario.requests}, 0
     engine_state = VllmEngineState()
+    reschedulings = ReschedulingLog()
     while sched.has_unfinished_requests():
         if step == scenario.abort_at_step:
             proc.abort_requests([scenario.aborted], internal=True)  # the frontend's side of a client abort
             sched.finish_requests([scenario.aborted], RequestStatus.FINISHED_ABORTED)
+        preempted = {rid for rid, req in sched.requests.items() if req.status == RequestStatus.PREEMPTED}
         sched_out = sched.schedule()
+        reschedulings.step(sched, sched_out, preempted)
         model_out = sample(scenario, sched, sched_out)
         for engine_outputs in sched.update_from_output(sched_out, model_out).values():
             engine_timeline(timeline, step, engine_outputs.outputs, engine_outputs.timestamp)
@@ -240,6 +261,7 @@ def run(scenario: Scenario, model_dir: str) -> dict:
         "parent_trace_id": PARENT_TRACE_ID if scenario.parented else None,
         "aborted": scenario.aborted,
         "requests": {rid: vars(spec) for rid, spec in scenario.requests.items()},
+        "prefix_caching": scenario.prefix_caching,
         "spans": [span_record(s) for s in spans.get_finished_spans()],
         "metrics": metric_records(metric_exporter.batches[-1]),
         "vllm": [vllm_record(f) for f in finished],
@@ -249,8 +271,42 @@ def run(scenario: Scenario, model_dir: str) -> dict:
         },
         "vllm_inter_token_latencies": itls,
         "vllm_engine_state": vars(engine_state),
+        "vllm_reschedulings": reschedulings.by_request,
         "anomalies": tracker.anomaly_counts,
     }
+
+
+class ReschedulingLog:
+    """vLLM's own numbers at each rescheduling of a preempted request, read from its ``Request`` right
+    after ``schedule()`` (which has added this step's scheduled tokens to ``num_computed_tokens``): the
+    tokens it found cached, those it had left to compute (``num_tokens`` - cached), and then the tokens
+    it scheduled for the request until the recompute was done, or until it was preempted again first."""
+
+    def __init__(self) -> None:
+        self.by_request: dict[str, list[dict]] = {}
+        self._recomputing: dict[str, dict] = {}
+
+    def step(self, sched: Scheduler, sched_out, preempted_before: set[str]) -> None:
+        for rid in list(self._recomputing):
+            if sched.requests.get(rid) is None or sched.requests[rid].status == RequestStatus.PREEMPTED:
+                self._recomputing.pop(rid)["cut_short"] = True
+        for rid, n in sched_out.num_scheduled_tokens.items():
+            req = sched.requests[rid]
+            if rid in preempted_before:  # re-admitted by this schedule()
+                cached = req.num_computed_tokens - n
+                record = {
+                    "cached": cached,
+                    "to_compute": req.num_tokens - cached,
+                    "fed": 0,
+                    "cut_short": False,
+                }
+                self.by_request.setdefault(rid, []).append(record)
+                self._recomputing[rid] = record
+            record = self._recomputing.get(rid)
+            if record is not None:
+                record["fed"] += n
+                if req.num_computed_tokens >= req.num_tokens:  # this chunk ends the recompute
+                    del self._recomputing[rid]
 
 
 class VllmEngineState:
@@ -267,18 +323,27 @@ class VllmEngineState:
         self.waiting: int | None = None
         self.max_kv_cache_usage = 0.0
         self.iteration_tokens: list[int] = []
+        # Lookups of re-admitted preempted requests (tokens looked up, found cached), which vLLM keeps
+        # apart from vllm:prefix_cache_queries / _hits.
+        self.preempted_prefix_queries = self.preempted_prefix_hits = 0
+        # vllm:prompt_tokens_by_source, as vLLM's Prometheus logger adds it up.
+        self.prompt_tokens_by_source = {"local_compute": 0, "local_cache_hit": 0, "external_kv_transfer": 0}
 
     def add(self, engine_outputs, iteration: IterationStats) -> None:
         if engine_outputs.outputs:  # vLLM makes IterationStats only for steps with outputs
             self.iteration_tokens.append(
                 iteration.prompt_token_stats.computed + iteration.num_generation_tokens
             )
+            for source in self.prompt_tokens_by_source:
+                self.prompt_tokens_by_source[source] += iteration.prompt_token_stats.get_by_source(source)
         stats = engine_outputs.scheduler_stats
         if stats is None:
             return
         self.stats_steps += 1
         self.prefix_cache_queries += stats.prefix_cache_stats.queries
         self.prefix_cache_hits += stats.prefix_cache_stats.hits
+        self.preempted_prefix_queries += stats.prefix_cache_stats.preempted_queries
+        self.preempted_prefix_hits += stats.prefix_cache_stats.preempted_hits
         if stats.spec_decoding_stats is not None:
             self.spec_draft_tokens += stats.spec_decoding_stats.num_draft_tokens
             self.spec_accepted_tokens += stats.spec_decoding_stats.num_accepted_tokens
@@ -299,7 +364,7 @@ def class_functions() -> dict:
     """The functions the instrumentor wraps, as found in the classes' own namespaces."""
     names = {
         OutputProcessor: ("add_request", "process_outputs", "abort_requests", "update_scheduler_stats"),
-        Scheduler: ("__init__",),
+        Scheduler: ("__init__", "schedule"),
     }
     return {f"{cls.__name__}.{n}": vars(cls).get(n) for cls, ns in names.items() for n in ns}
 

@@ -13,6 +13,11 @@ depend on timing, so each scenario produces the same engine-core event sequence 
   for p1: QUEUED, SCHEDULED, PREEMPTED, SCHEDULED (after p0 finished), TOKENS, TOKENS, TOKENS.
 - ``speculative``: vLLM's ngram speculative decoding, 2 draft tokens a step; the made-up model accepts
   both drafts of s0 (3 tokens a step) and one of s1 (2 a step), so outputs carry several tokens.
+- ``recompute``: prefix caching on, prompts sharing their first 16 tokens, chunked prefill (16 tokens a
+  step) on 8 usable blocks. vLLM preempts q3 after its first token and re-admits it with the shared
+  block cached (16 tokens) and 49 to recompute; three steps into that recompute (45 tokens fed) it
+  preempts q3 again, and re-admits it with the blocks the cut recompute had just filled found cached
+  (48 tokens) and 17 left. The reschedulings' figures are compared with vLLM's own numbers.
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ class Scenario:
     abort_at_step: int = -1
     parented: str | None = None  # carries a W3C traceparent in its trace headers
     num_speculative_tokens: int = 0  # draft tokens proposed per decode step (vLLM's ngram method)
+    prefix_caching: bool = False  # vLLM's automatic prefix caching
+    shared_prefix: int = 0  # leading prompt tokens every request of the scenario has in common
 
 
 SCENARIOS = (
@@ -73,5 +80,19 @@ SCENARIOS = (
         max_num_batched_tokens=256,
         requests={"s0": RequestSpec(20, 11, accepted=2), "s1": RequestSpec(20, 9, stop_at=5, accepted=1)},
         num_speculative_tokens=2,
+    ),
+    Scenario(
+        "recompute",
+        num_blocks=9,
+        max_num_batched_tokens=16,
+        requests={
+            "q0": RequestSpec(14, 40),
+            "q1": RequestSpec(64, 3),
+            "q2": RequestSpec(30, 40),
+            "q3": RequestSpec(64, 20),
+            "q4": RequestSpec(30, 3),
+        },
+        prefix_caching=True,
+        shared_prefix=16,
     ),
 )

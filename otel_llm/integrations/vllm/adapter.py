@@ -12,7 +12,8 @@ The engine's own state (KV-cache usage, running and waiting requests, prefix-cac
 decoding counts, tokens per step) comes once per engine step from vLLM's ``SchedulerStats``, which the
 frontend hands to ``OutputProcessor.update_scheduler_stats`` after the step's outputs (see
 ``engine_state``); each request's prefix-cache hits ride on its first output, next to its first SCHEDULED
-event, and go to the tracker with it.
+event, and go to the tracker with it. What a rescheduling after a preemption found cached is known only
+where the engine core runs in this process (``rescheduling``); it goes with that SCHEDULED event.
 
 Nothing here imports vLLM: outputs and requests are read by attribute name, enum members by name, so a
 vLLM build that renumbers its enums keeps working.
@@ -30,8 +31,14 @@ from opentelemetry import context as otel_context
 from otel_llm import semconv as sc
 from otel_llm.integrations.vllm import disaggregated as pd
 from otel_llm.integrations.vllm.choices import Choices
-from otel_llm.integrations.vllm.engine_state import cached_prompt_tokens, computed_prompt_tokens, state_of
+from otel_llm.integrations.vllm.engine_state import (
+    cached_prompt_tokens,
+    computed_prompt_tokens,
+    prompt_sources,
+    state_of,
+)
 from otel_llm.integrations.vllm.identity import RequestIdentity, identify
+from otel_llm.integrations.vllm.rescheduling import Reschedulings
 from otel_llm.tracker_options import DEFAULT_MAX_AGE_S, DEFAULT_MAX_IN_FLIGHT
 
 _log = logging.getLogger(__name__)
@@ -116,9 +123,14 @@ class VLLMAdapter:
     engine's state, and reporting it to every (model, endpoint) tracker would count it several times.
     """
 
-    def __init__(self, tracker_for: TrackerFor, model: str | None = None) -> None:
+    def __init__(
+        self, tracker_for: TrackerFor, model: str | None = None, reschedulings: Reschedulings | None = None
+    ) -> None:
+        """``reschedulings``: what an in-process engine core's scheduler found cached when it
+        rescheduled preempted requests (None: not known, as with the engine core in another process)."""
         self._tracker_for = tracker_for
         self.model = model
+        self._reschedulings = reschedulings
         self._pending: dict[str, _Pending] = {}  # insertion order: oldest first
         self._live: dict[str, Any] = {}  # queued with a tracker, not finished: request id -> tracker
         self._choices: dict[str, Choices] = {}  # by vLLM's parent request id, while choices run
@@ -128,6 +140,7 @@ class VLLMAdapter:
         # Tokens of the engine step being delivered, counted as vLLM's iteration stats count them.
         self._step_outputs = 0
         self._step_tokens = 0
+        self._step_prompt: list[int] | None = None  # computed, local cache, external: vLLM's split
         # Whether this vLLM's outputs carry prefill_stats (0.32 and later, at least): without them the
         # prompt tokens a step computed are unknown, and tokens per step are not reported.
         self._prefill_stats: bool | None = None
@@ -213,10 +226,15 @@ class VLLMAdapter:
             if still_open is None or request_id in still_open:
                 self._step_outputs += 1
                 step_tokens += len(out.new_token_ids) + (computed_prompt_tokens(out) or 0)
+                sources = prompt_sources(out)
+                if sources is not None:
+                    self._count_prompt(sources)
             if request_id not in self._live and request_id not in self._pending:
                 continue  # registered before instrumentation, or already finished
             events = out.events
-            cached = cached_prompt_tokens(out) if events or request_id in self._pending else None
+            # The prefix-cache hits of the first scheduling ride on the request's first output (older
+            # vLLMs repeat them on every output: only the first output's go to the first SCHEDULED).
+            cached = cached_prompt_tokens(out) if request_id in self._pending else None
             if events:
                 self._replay(request_id, events, cached)
             if request_id in self._pending:
@@ -253,6 +271,12 @@ class VLLMAdapter:
         state = state_of(stats) if stats is not None else {}
         if outputs and self._prefill_stats is not False:
             state["step_tokens"] = tokens
+        if self._step_prompt is not None:
+            computed, cached, transferred = self._step_prompt
+            self._step_prompt = None
+            state["prompt_tokens_computed"] = computed
+            state["prompt_tokens_cached"] = cached
+            state["prompt_tokens_transferred"] = transferred
         tracker = self._engine_tracker
         if state and tracker is not None:
             tracker.engine_state(**state)
@@ -299,6 +323,15 @@ class VLLMAdapter:
             self._finish(request_id, sc.REASON_ABORT, now, None)
 
     # --- internals -----------------------------------------------------------------------------------
+
+    def _count_prompt(self, sources: tuple[int, int, int]) -> None:
+        """A request's first output: its prompt tokens by source join the step's (vLLM's split)."""
+        step = self._step_prompt
+        if step is None:
+            self._step_prompt = list(sources)
+        else:
+            for k, n in enumerate(sources):
+                step[k] += n
 
     def _hand_off(self, outputs: Iterable[Any]) -> None:
         """Prefill instance: a request that asked ``do_remote_decode`` and finished normally goes on at a
@@ -388,7 +421,8 @@ class VLLMAdapter:
     def _replay(self, request_id: str, events: Iterable[Any], cached: int | None = None) -> None:
         # Sorted by timestamp (stable for ties): one output may hold QUEUED, SCHEDULED, PREEMPTED and
         # the next SCHEDULED of a request that was preempted before it produced anything. ``cached``:
-        # the prefix-cache hits of the request's first scheduling, when this output carries them.
+        # the prefix-cache hits of the request's first scheduling, when this output carries them; a
+        # later SCHEDULED (a rescheduling) gets what the in-process scheduler found cached then, if known.
         for event in sorted(events, key=_timestamp):
             kind = getattr(event.type, "name", None)
             ts = event.timestamp
@@ -400,12 +434,16 @@ class VLLMAdapter:
             if request_id in self._pending:
                 self._open(request_id, ts)  # QUEUED lost: the first event we see stands in for it
             if kind == "SCHEDULED":
+                if cached is None and self._reschedulings is not None:
+                    cached = self._reschedulings.take(request_id, ts)
                 self._schedule(request_id, ts, cached)
+                cached = None  # the first scheduling's figure is that SCHEDULED event's alone
             elif kind == "PREEMPTED":
                 self._live[request_id].preempted([request_id], ts=ts)
 
     def _schedule(self, request_id: str, ts: float, cached: int | None) -> None:
-        """SCHEDULED, with the prefix-cache hits when known (the tracker keeps the first figure)."""
+        """SCHEDULED, with the tokens found in the prefix cache when known: the prompt's at the first
+        scheduling, the context's at a rescheduling (the tracker derives what was recomputed)."""
         if cached is None:
             self._live[request_id].scheduled([request_id], ts=ts)
         else:
@@ -438,6 +476,8 @@ class VLLMAdapter:
 
     def _finish(self, request_id: str, reason: str, ts: float, error: str | None) -> None:
         tracker = self._live.pop(request_id)
+        if self._reschedulings is not None:
+            self._reschedulings.forget(request_id)
         if self._remote_decode:
             self._remote_decode.discard(request_id)
             self._handing_off.discard(request_id)

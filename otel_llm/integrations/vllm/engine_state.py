@@ -17,7 +17,11 @@ What each ``engine_state()`` argument is read from, and vLLM's own metric of the
 - ``spec_drafted_tokens`` / ``spec_accepted_tokens``: ``spec_decoding_stats.num_draft_tokens`` /
   ``.num_accepted_tokens`` (``vllm:spec_decode_num_draft_tokens`` / ``..._num_accepted_tokens``);
 - ``step_tokens`` (counted by the adapter from the step's outputs): new tokens plus, on a request's
-  first output, ``prefill_stats.num_computed_tokens`` (``vllm:iteration_tokens_total``).
+  first output, ``prefill_stats.num_computed_tokens`` (``vllm:iteration_tokens_total``);
+- ``prompt_tokens_computed`` / ``_cached`` / ``_transferred`` (summed by the adapter over the step's
+  first outputs): ``prefill_stats.num_computed_tokens`` / ``.num_local_cached_tokens`` /
+  ``.num_external_cached_tokens`` (``vllm:prompt_tokens_by_source``, sources ``local_compute``,
+  ``local_cache_hit``, ``external_kv_transfer``).
 """
 
 from __future__ import annotations
@@ -102,3 +106,20 @@ def cached_prompt_tokens(output: Any) -> int | None:
     if prefill is not None:
         return whole(getattr(prefill, "num_cached_tokens", None))
     return whole(getattr(output, "num_cached_tokens", None))
+
+
+def prompt_sources(output: Any) -> tuple[int, int, int] | None:
+    """(computed, local prefix cache, external KV transfer) prompt tokens of a request, from its first
+    output's ``prefill_stats``, as vLLM splits ``vllm:prompt_tokens_by_source``. None when this output
+    has none, or a vLLM without the split (then the prompt tokens by source are not reported)."""
+    prefill = getattr(output, "prefill_stats", None)
+    if prefill is None:
+        return None
+    split = (
+        whole(getattr(prefill, "num_computed_tokens", None)),
+        whole(getattr(prefill, "num_local_cached_tokens", None)),
+        whole(getattr(prefill, "num_external_cached_tokens", None)),
+    )
+    if None in split:
+        return None
+    return split  # type: ignore[return-value]

@@ -3,7 +3,9 @@
 It wraps three methods of the frontend's ``OutputProcessor`` class (``add_request``,
 ``process_outputs``, ``abort_requests``) and, where vLLM has it, a fourth (``update_scheduler_stats``,
 which receives the engine's ``SchedulerStats`` once per step), the engine core ``Scheduler.__init__`` (to
-turn on stats logging, without which the engine core sends no request events and no ``SchedulerStats``),
+turn on stats logging, without which the engine core sends no request events and no ``SchedulerStats``)
+and ``Scheduler.schedule`` (only read: what a rescheduling found cached, kept for a frontend in the same
+process, see ``rescheduling``),
 and ``__init__`` of ``LLMEngine`` and ``AsyncLLM`` (to read the served model name from vLLM's model
 config). ``uninstrument()`` puts the original functions back, so the classes are exactly as they were.
 
@@ -33,6 +35,7 @@ from otel_llm import semconv as sc
 from otel_llm.integrations import import_hook
 from otel_llm.integrations.patching import Patch, guarded, warn_once
 from otel_llm.integrations.vllm.adapter import VLLMAdapter
+from otel_llm.integrations.vllm.rescheduling import Reschedulings
 from otel_llm.server_attributes import server_attributes
 
 if TYPE_CHECKING:
@@ -100,6 +103,8 @@ class VLLMInstrumentor:
     _tracker_options: ClassVar[dict[str, Any]] = {}
     _adapters: ClassVar[weakref.WeakKeyDictionary[Any, VLLMAdapter]] = weakref.WeakKeyDictionary()
     _schedulers: ClassVar[weakref.WeakSet[Any]] = weakref.WeakSet()  # engine cores in this process
+    # What those engine cores found cached when they rescheduled preempted requests, for the adapters.
+    _reschedulings: ClassVar[Reschedulings] = Reschedulings()
     telemetry: ClassVar[Any] = None  # the Telemetry of OTEL_LLM_VLLM_CONFIGURE=1, once built
     # Under `vllm serve`: server.address / server.port as the API server bound them (None: no API server
     # in this process, e.g. LLM.generate(), so no server attribute and no gen_ai.response.model).
@@ -128,6 +133,7 @@ class VLLMInstrumentor:
             VLLMInstrumentor._tracker_options = {"provider_name": _PROVIDER_NAME, **tracker_options}
             VLLMInstrumentor._trackers = {}
             VLLMInstrumentor._adapters = weakref.WeakKeyDictionary()
+            VLLMInstrumentor._reschedulings = Reschedulings()
             if "vllm" in sys.modules:
                 _patch_vllm()
                 return
@@ -155,6 +161,7 @@ class VLLMInstrumentor:
                 patch.restore()
             VLLMInstrumentor._server, VLLMInstrumentor._lora = None, False
             VLLMInstrumentor._adapters = weakref.WeakKeyDictionary()
+            VLLMInstrumentor._reschedulings = Reschedulings()
             VLLMInstrumentor._tracker = None
             VLLMInstrumentor._trackers = {}
 
@@ -163,7 +170,9 @@ class VLLMInstrumentor:
         adapter = cls._adapters.get(processor)
         if adapter is None:
             with cls._lock:
-                adapter = cls._adapters.setdefault(processor, VLLMAdapter(cls._tracker_for))
+                adapter = cls._adapters.setdefault(
+                    processor, VLLMAdapter(cls._tracker_for, reschedulings=cls._reschedulings)
+                )
         return adapter
 
     @classmethod
@@ -310,6 +319,8 @@ def _patch_vllm() -> None:
                 )
             if scheduler_cls is not None:
                 patch.replace(scheduler_cls, "__init__", _stats_on(scheduler_cls.__init__))
+                if callable(scheduler_cls.__dict__.get("schedule")):
+                    patch.replace(scheduler_cls, "schedule", _note_reschedulings(scheduler_cls.schedule))
             for engine_cls in _engine_classes():
                 patch.replace(engine_cls, "__init__", _model_from_config(engine_cls.__init__))
                 add_request = engine_cls.__dict__.get("add_request")
@@ -428,6 +439,20 @@ def _stats_on(original: Callable[..., None]) -> Callable[..., None]:
 
     __init__.__wrapped__ = original  # type: ignore[attr-defined]
     return __init__
+
+
+def _note_reschedulings(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Scheduler.schedule, then what its reschedulings found cached, kept while a frontend in this
+    process is instrumented (with the engine core in its own process there is none: nothing is kept)."""
+
+    def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
+        output = original(self, *args, **kwargs)
+        if VLLMInstrumentor._adapters:
+            _guarded("schedule", VLLMInstrumentor._reschedulings.record, self, output)
+        return output
+
+    schedule.__wrapped__ = original  # type: ignore[attr-defined]
+    return schedule
 
 
 def _engine_classes() -> list[type]:
