@@ -70,6 +70,14 @@ class Proc:
         self._log.close()
         return self.popen.returncode
 
+    def kill(self) -> int:
+        """SIGKILL at once (a crash: nothing is flushed); returns the exit status."""
+        if self.alive():
+            self.popen.kill()
+            self.popen.wait(10)
+        self._log.close()
+        return self.popen.returncode
+
     def wait_ready(self, url: str, timeout_s: float = START_S) -> None:
         """Poll ``url`` until it answers 200; fail with the process's log when it exits or times out."""
         deadline = time.monotonic() + timeout_s
@@ -93,9 +101,11 @@ def get_json(url: str, params: dict[str, str] | None = None, timeout_s: float = 
         return json.loads(answer.read())
 
 
-def promql(prometheus_url: str, expr: str) -> list[dict]:
-    """The result vector or matrix of one instant query on Prometheus's HTTP API."""
-    answer = get_json(f"{prometheus_url}/api/v1/query", {"query": expr})
+def promql(prometheus_url: str, expr: str, at: float | None = None) -> list[dict]:
+    """The result vector or matrix of one instant query on Prometheus's HTTP API, evaluated now or at
+    ``at`` (Unix seconds)."""
+    params = {"query": expr} if at is None else {"query": expr, "time": f"{at:.3f}"}
+    answer = get_json(f"{prometheus_url}/api/v1/query", params)
     assert answer["status"] == "success", (expr, answer)
     return answer["data"]["result"]
 

@@ -9,6 +9,9 @@ gateway, so a test sees which gateway kept which trace; Tempo is AGPL and not bu
 ``static`` resolver listing the two gateways' loopback ports; ``routing_key: traceID`` is kept.
 Several Collectors on one machine also need their own telemetry port: it is switched off with one
 ``--config=yaml:`` override (the files leave it at its default, port 8888).
+
+A gateway can be killed (SIGKILL, a crash), stopped (SIGTERM, as Kubernetes stops a pod) and started
+again with the same file and ports, as a restarted pod would be.
 """
 
 from __future__ import annotations
@@ -93,6 +96,8 @@ class ScaledStack:
             store.start()
         self.gateway_ports: list[int] = []
         self.gateways: list[Proc] = []
+        self._gateway_runs: list[tuple[Path, dict[str, str]]] = []  # config file, environment
+        self._starts = 0
         for index, store in enumerate(self.stores):
             grpc, http = free_port(), free_port()
             path = work / f"gateway-{index}.yaml"
@@ -104,8 +109,10 @@ class ScaledStack:
                 "HOSTNAME": f"gateway-{index}",
             }
             self.gateways.append(self.collector(f"gateway-{index}", path, env))
+            self._gateway_runs.append((path, env))
             self.gateway_ports.append(grpc)
         self.agent_ports: list[int] = []
+        self.agents: list[Proc] = []
         self.agent_changes: set[str] = set()
         for index in range(2):
             grpc, http = free_port(), free_port()
@@ -113,7 +120,8 @@ class ScaledStack:
             self.agent_changes |= what_changed(shipped, run)
             path = work / f"agent-{index}.yaml"
             path.write_text(text)
-            self.collector(f"agent-{index}", path, {"GATEWAY_SERVICE": f"127.0.0.1:{self.gateway_ports[0]}"})
+            env = {"GATEWAY_SERVICE": f"127.0.0.1:{self.gateway_ports[0]}"}
+            self.agents.append(self.collector(f"agent-{index}", path, env))
             self.agent_ports.append(grpc)
 
     def _start(self, name: str, argv: list, env: dict[str, str] | None = None) -> Proc:
@@ -127,12 +135,27 @@ class ScaledStack:
         assert proc.alive(), proc.log()
         return proc
 
+    def kill_gateway(self, index: int) -> int:
+        """SIGKILL gateway ``index``: it flushes nothing. Returns its exit status."""
+        return self.gateways[index].kill()
+
+    def stop_gateway(self, index: int) -> int:
+        """SIGTERM gateway ``index`` and wait for it to exit (SIGKILL after 30 s). Returns its exit status."""
+        return self.gateways[index].stop(timeout_s=30)
+
+    def restart_gateway(self, index: int) -> None:
+        """Start gateway ``index`` again: same file, same ports, same environment, empty memory."""
+        assert not self.gateways[index].alive()
+        self._starts += 1
+        path, env = self._gateway_runs[index]
+        self.gateways[index] = self.collector(f"gateway-{index}.{self._starts}", path, env)
+
     @property
     def prometheus_url(self) -> str:
         return f"http://127.0.0.1:{self.prometheus_port}"
 
-    def promql(self, expr: str) -> list[dict]:
-        return promql(self.prometheus_url, expr)
+    def promql(self, expr: str, at: float | None = None) -> list[dict]:
+        return promql(self.prometheus_url, expr, at)
 
     def stop(self) -> None:
         for proc in reversed(self.procs):
