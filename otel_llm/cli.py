@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -32,6 +33,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Ctrl-C is how a user stops a run: one line, the shell's status for it, no traceback.
         print(f"otel-llm {args.command}: interrupted", file=sys.stderr, flush=True)
         return 130
+    except BrokenPipeError:
+        # Whoever read our output left (`otel-llm view --list | head`): nothing of ours went wrong, so no
+        # message. The output still buffered would fail again at exit; it goes to /dev/null instead.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

@@ -192,6 +192,23 @@ def test_core_install_without_rich_or_torch(long_trace, tmp_path: Path) -> None:
         assert "pip install" in done.stderr and "torch" in done.stderr
 
 
+def test_a_reader_that_leaves_early_gets_no_error(long_trace) -> None:
+    """``otel-llm view --list | head -1``: the pipe closes before the list is written."""
+    path, _ = long_trace
+    for args in (["--list"], ["--width", "80"]):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "otel_llm.cli", "view", str(path), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        proc.stdout.close()  # the reader is gone before anything is written
+        err = proc.stderr.read()
+        proc.wait(60)
+        assert err == "", err
+        assert proc.returncode == 1
+
+
 def test_version(capsys) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["--version"])

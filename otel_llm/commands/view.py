@@ -102,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
             return 0
         trace = pick_request(requests, request_id=args.request, slowest=args.slowest, trace_id=args.trace_id)
         window = zoom_window(trace, args.phase, args.window)
+    except BrokenPipeError:
+        raise  # the reader of the output left, not a problem with the files (otel_llm.cli says nothing)
     except (OSError, ValueError) as exc:
         print(f"otel-llm view: {exc}", file=sys.stderr)
         return 2
