@@ -3,10 +3,11 @@
 SGLang pins a CUDA torch, so it lives only in ``.venv-sglang`` (tests/sglang/, where the same adapter
 runs inside SGLang's real scheduler). Here the adapter is driven with plain objects shaped like SGLang
 0.5.23's ``Req`` (the attributes the adapter reads: ``rid``, ``origin_input_ids``, ``output_ids``,
-``retraction_count``, ``finished()``, ``finished_reason``, ``finished_len``, ``finished_output`` and
-``time_stats`` with SchedulerReqTimeStats' ``wait_queue_entry_time`` / ``last_forward_entry_time``),
-into a real RequestTracker on SDK providers with in-memory exporters. Stamps are perf_counter seconds,
-the same clock as ``time.monotonic()`` on Linux.
+``retraction_count``, ``prefix_len`` (where a test sets it), ``finished()``, ``finished_reason``,
+``finished_len``, ``finished_output`` and ``time_stats`` with SchedulerReqTimeStats'
+``wait_queue_entry_time`` / ``last_forward_entry_time``), into a real RequestTracker on SDK providers
+with in-memory exporters. Stamps are perf_counter seconds, the same clock as ``time.monotonic()`` on
+Linux.
 """
 
 from __future__ import annotations
@@ -119,6 +120,44 @@ def test_chunked_prefill_admitting_again_with_one_stamp_is_one_scheduled(harness
     adapter.streamed([req], ts=t + 0.4)
     trace = harness.trace("chunked", arrival=t)
     assert len(trace.events(sc.EVENT_SCHEDULED)) == 1
+    assert anomalies(harness) == 0
+
+
+def test_prefix_len_is_the_cache_hit_and_what_each_recompute_reused(harness: Any) -> None:
+    # SGLang's Req.prefix_len right after get_new_batch_prefill: tokens of what it is about to prefill
+    # that its radix cache matched (a later chunk of one admission has a larger one, same stamp).
+    adapter = SGLangAdapter(harness.tracker)
+    t = time.monotonic() - 5.0
+    req = Req("hit", created=t)
+    req.time_stats.wait_queue_entry_time = t + 0.1
+    adapter.requeued(req)
+    req.time_stats.last_forward_entry_time = t + 0.2
+    req.prefix_len = 3  # of the 7-token prompt
+    adapter.admitted([req])
+    req.prefix_len = 5  # a later chunk of the same admission: not a second figure
+    adapter.admitted([req])
+    req.output_ids = [1, 2, 3]
+    adapter.streamed([req], ts=t + 0.3)
+    req.retraction_count = 1
+    req.time_stats.last_forward_entry_time = 0.0
+    req.time_stats.wait_queue_entry_time = t + 0.4
+    adapter.requeued(req)
+    req.time_stats.last_forward_entry_time = t + 0.5
+    req.prefix_len = 8  # of its 10-token context: recomputes 2
+    adapter.admitted([req])
+    req.output_ids = [1, 2, 3, 4]
+    req.finished_reason, req.finished_len = Reason("length"), 4
+    adapter.streamed([req], ts=t + 0.6)
+
+    root = harness.trace("hit", arrival=t).root
+    assert root.attributes[sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] == 3
+    assert root.attributes[sc.LLM_PREEMPTIONS_RECOMPUTE_TOKENS] == 2
+    assert root.attributes[sc.LLM_PREEMPTIONS_RECOMPUTE_CACHED_TOKENS] == 8
+    by_source = {
+        p.attributes[sc.LLM_PROMPT_TOKENS_SOURCE]: p.value for p in harness.metrics()[sc.METRIC_PROMPT_TOKENS]
+    }
+    assert by_source[sc.PROMPT_SOURCE_COMPUTED] == 4
+    assert by_source[sc.PROMPT_SOURCE_PREFIX_CACHE] == 3
     assert anomalies(harness) == 0
 
 

@@ -15,6 +15,12 @@ Scenarios (a fresh engine each: SGLang reads SGLANG_TEST_RETRACT when its schedu
 - ``early_eos``: the tiny model that ends some prompts on EOS after a few tokens while the others run on,
   under SGLang's overlap scheduler (its default), where a request that stops early is streamed as
   finished twice.
+
+SGLang's own figures of what each admission computed: the driver wraps ``Scheduler.get_new_batch_prefill``
+in SGLang's scheduler process (which ``spawn`` starts by importing this file as ``__mp_main__``; the
+environment variable ``PREFILLS`` names the file) and writes, per request of each new prefill batch, the
+batch's ``prefix_lens`` / ``extend_lens`` entries and the request's context length and retraction count,
+as SGLang's scheduler holds them, under ``prefills`` in the JSON.
 """
 
 from __future__ import annotations
@@ -74,6 +80,42 @@ PROMPTS = [
 ]
 
 
+PREFILLS = "OTEL_LLM_TEST_SGLANG_PREFILLS"
+
+
+def record_prefills(path: str) -> None:
+    """In SGLang's scheduler process: append SGLang's own figures of every prefill batch it builds."""
+    from sglang.srt.managers.scheduler import Scheduler
+
+    original = Scheduler.get_new_batch_prefill
+
+    def get_new_batch_prefill(self: Any, *args: Any, **kwargs: Any) -> Any:
+        plan = original(self, *args, **kwargs)
+        batch = getattr(plan, "batch_to_run", plan)
+        if batch is not None:
+            rows = [
+                {
+                    "rid": req.rid,
+                    "stamp": req.time_stats.last_forward_entry_time,
+                    "retractions": req.retraction_count,
+                    "prompt": len(req.origin_input_ids),
+                    "context": len(req.origin_input_ids) + len(req.output_ids),
+                    "prefix_len": prefix,
+                    "extend_len": extend,
+                }
+                for req, prefix, extend in zip(batch.reqs, batch.prefix_lens, batch.extend_lens)
+            ]
+            with open(path, "a") as f:
+                f.writelines(json.dumps(row) + "\n" for row in rows)
+        return plan
+
+    Scheduler.get_new_batch_prefill = get_new_batch_prefill
+
+
+if __name__ == "__mp_main__" and os.environ.get(PREFILLS):  # a process SGLang spawned
+    record_prefills(os.environ[PREFILLS])
+
+
 def value(v: Any) -> Any:
     """A protobuf AnyValue as a plain Python value (arrays as lists)."""
     kind = v.WhichOneof("value")
@@ -97,7 +139,7 @@ def span_json(resource: Any, span: Any) -> dict[str, Any]:
     }
 
 
-def run(name: str, models: dict[str, str]) -> dict[str, Any]:
+def run(name: str, models: dict[str, str], tmp: Path) -> dict[str, Any]:
     import sglang
     from google.protobuf.json_format import MessageToDict
     from otlp_receivers import GrpcReceiver, HttpReceiver
@@ -105,6 +147,8 @@ def run(name: str, models: dict[str, str]) -> dict[str, Any]:
     spec = SCENARIOS[name]
     model = models[spec.get("model", "default")]
     os.environ.update(spec["env"])
+    prefills = tmp / f"{name}.prefills.jsonl"
+    os.environ[PREFILLS] = str(prefills)
     with HttpReceiver() as receiver, GrpcReceiver() as sglang_receiver:
         os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = receiver.endpoint
         extra: dict[str, Any] = {}
@@ -144,6 +188,9 @@ def run(name: str, models: dict[str, str]) -> dict[str, Any]:
             "spans": [span_json(r, s) for r, s in receiver.collected.spans()],
             "grpc_spans": [span_json(r, s) for r, s in sglang_receiver.collected.spans()],
             "metrics": metrics,
+            "prefills": [json.loads(line) for line in prefills.read_text().splitlines()]
+            if prefills.exists()
+            else [],
         }
 
 
@@ -159,7 +206,7 @@ def main() -> None:
         models = {"default": str(tiny_model.make(Path(tmp) / "model"))}
         if any(SCENARIOS[name].get("model") == "stops_early" for name in names):
             models["stops_early"] = str(tiny_model.make(Path(tmp) / "stops_early", stops_early=True))
-        results = {name: run(name, models) for name in names}
+        results = {name: run(name, models, Path(tmp)) for name in names}
     out.write_text(json.dumps({"scenarios": results}))
 
 

@@ -106,6 +106,63 @@ def test_retracted_trace_has_the_vllm_shape(run: dict[str, Any]) -> None:
         assert root["events"].count(sc.EVENT_PREEMPTED) == meta["num_retractions"]
 
 
+def admissions(run: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Per request, SGLang's own figures of each admission, in order, as its scheduler process held them
+    right after building the prefill batch (drive_engine.py's ``prefills``): the batch's ``prefix_lens``
+    (tokens its radix cache matched) and ``extend_lens`` (tokens it then computed)."""
+    by_rid: dict[str, list[dict[str, Any]]] = {}
+    for row in run["prefills"]:
+        rows = by_rid.setdefault(row["rid"], [])
+        if not rows or rows[-1]["stamp"] != row["stamp"]:  # a later chunk of one admission: same stamp
+            rows.append(row)
+    return by_rid
+
+
+def test_recompute_work_equals_what_sglang_computed(run: dict[str, Any]) -> None:
+    # At each re-admission of a retracted request SGLang computes extend_len tokens of its context
+    # (prompt + output so far) and reuses prefix_len from its radix cache; at the first admission
+    # prefix_len is the prompt's cache hit. Ours: llm.recompute.tokens / .cached_tokens per retraction,
+    # in order, their sums on llm.request and in the counters, the first hit as cache_read.input_tokens
+    # and the first admissions' prompt tokens by source.
+    sglang = admissions(run)
+    totals = {"recomputed": 0, "reused": 0, "computed": 0, "cached": 0}
+    for meta, root in by_request(run):
+        rows = sglang[meta["id"]]
+        assert [r["retractions"] for r in rows] == list(range(meta["num_retractions"] + 1)), meta["id"]
+        # No admission here is chunked: each computed the rest of its context in one batch.
+        assert all(r["prefix_len"] + r["extend_len"] == r["context"] for r in rows), rows
+        first, again = rows[0], rows[1:]
+        attrs = root["attributes"]
+        assert attrs[sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] == first["prefix_len"], meta["id"]
+        ours = [
+            (s["attributes"][sc.LLM_RECOMPUTE_TOKENS], s["attributes"][sc.LLM_RECOMPUTE_CACHED_TOKENS])
+            for s in children_named(run, root, sc.SPAN_RECOMPUTE)
+        ]
+        assert ours == [(r["extend_len"], r["prefix_len"]) for r in again], meta["id"]
+        recomputed = sum(r["extend_len"] for r in again)
+        reused = sum(r["prefix_len"] for r in again)
+        assert attrs.get(sc.LLM_PREEMPTIONS_RECOMPUTE_TOKENS, 0) == recomputed, meta["id"]
+        assert attrs.get(sc.LLM_PREEMPTIONS_RECOMPUTE_CACHED_TOKENS, 0) == reused, meta["id"]
+        totals["recomputed"] += recomputed
+        totals["reused"] += reused
+        totals["computed"] += first["extend_len"]
+        totals["cached"] += first["prefix_len"]
+    assert totals["recomputed"] > 0, "no retraction recomputed anything: the case is not exercised"
+    assert counter(run, sc.METRIC_RECOMPUTE_TOKENS) == totals["recomputed"]
+    assert counter(run, sc.METRIC_RECOMPUTE_CACHED_TOKENS) == totals["reused"]
+    by_source = {
+        attribute(p, sc.LLM_PROMPT_TOKENS_SOURCE): int(p.get("as_int", 0))
+        for p in metric_points(run, sc.METRIC_PROMPT_TOKENS)
+    }
+    assert by_source.get(sc.PROMPT_SOURCE_COMPUTED, 0) == totals["computed"]
+    assert by_source.get(sc.PROMPT_SOURCE_PREFIX_CACHE, 0) == totals["cached"]
+    assert not by_source.get(sc.PROMPT_SOURCE_KV_TRANSFER, 0)
+
+
+def counter(run: dict[str, Any], name: str) -> int:
+    return sum(int(p.get("as_int", 0)) for p in metric_points(run, name))
+
+
 def test_metrics_count_what_sglang_counted(run: dict[str, Any]) -> None:
     (preemptions,) = metric_points(run, sc.METRIC_PREEMPTIONS) or [{"as_int": "0"}]
     assert int(preemptions.get("as_int", 0)) == sum(m["num_retractions"] for m in run["meta"])

@@ -14,6 +14,7 @@ stamp), so each scheduler call is turned into the difference since the last one:
   ``retraction_count`` -> ``preempted`` at the re-queue stamp (SGLang's retract = our preemption, and the
   request is recomputed from prompt + generated tokens when admitted again).
 - ``admitted(reqs)`` after ``Scheduler.get_new_batch_prefill``: a new admission stamp -> ``scheduled``
+  with the request's ``prefix_len`` as its cached tokens
   (chunked prefill admits a request several times with one stamp; those are skipped).
 - ``streamed(reqs)`` before ``SchedulerOutputStreamer.stream_output``, which every batch result and
   every abort passes through: new output tokens -> ``tokens`` (one timestamp per call); a finished
@@ -65,12 +66,13 @@ def finish_reason(req: Any) -> str:
 class _Live:
     """What the adapter has reported for one request in flight."""
 
-    __slots__ = ("admitted_at", "retractions", "tokens")
+    __slots__ = ("admissions", "admitted_at", "retractions", "tokens")
 
     def __init__(self, retractions: int) -> None:
         self.tokens = 0  # output tokens reported so far
         self.retractions = retractions  # SGLang's retraction_count when last seen
         self.admitted_at = 0.0  # the last_forward_entry_time already reported as scheduled
+        self.admissions = 0  # admissions reported (the first feeds the prompt tokens by source)
 
 
 class SGLangAdapter:
@@ -117,15 +119,36 @@ class SGLangAdapter:
             live.admitted_at = 0.0
 
     def admitted(self, reqs: Iterable[Any]) -> None:
-        """After ``get_new_batch_prefill``: requests admitted to a prefill batch (first time or again)."""
+        """After ``get_new_batch_prefill``: requests admitted to a prefill batch (first time or again).
+
+        With each admission goes the request's ``prefix_len``: the tokens of what SGLang is about to
+        prefill (the prompt at a first admission, prompt + output so far after a retraction) that its
+        radix cache matched on the device, so not computed (the batch's ``prefix_lens``). First
+        admissions also feed the prompt tokens by source (computed / prefix cache), once each."""
+        computed = cached = 0
         for req in reqs:
             live = self._live.get(req.rid)
             if live is None:
                 continue
             stamp = getattr(req.time_stats, "last_forward_entry_time", 0.0)
             if stamp and stamp != live.admitted_at:
+                first = not live.admissions
                 live.admitted_at = stamp
-                self.tracker.scheduled([req.rid], ts=to_monotonic(stamp))
+                live.admissions += 1
+                hit = getattr(req, "prefix_len", None)
+                if hit.__class__ is not int or hit < 0:
+                    self.tracker.scheduled([req.rid], ts=to_monotonic(stamp))
+                    continue
+                self.tracker.scheduled([req.rid], ts=to_monotonic(stamp), cached_tokens=[hit])
+                if first:
+                    prompt = len(getattr(req, "origin_input_ids", ()) or ())
+                    hit = min(hit, prompt)
+                    computed += prompt - hit
+                    cached += hit
+        if computed or cached:
+            report = getattr(self.tracker, "engine_state", None)
+            if report is not None:
+                report(prompt_tokens_computed=computed, prompt_tokens_cached=cached)
 
     def streamed(self, reqs: Iterable[Any], ts: float | None = None) -> None:
         """Before ``stream_output``: new tokens and finishes of these requests, at ``ts`` (monotonic s)."""
