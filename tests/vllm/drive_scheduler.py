@@ -212,6 +212,7 @@ def run(scenario: Scenario, model_dir: str) -> dict:
         tracer_provider=tracer_provider, meter_provider=meter_provider, model="tiny-llama"
     )
 
+    tokens_calls = log_tokens_calls(tracker)
     originals = class_functions()
     instrumentor = VLLMInstrumentor()
     instrumentor.instrument(tracker=tracker)
@@ -273,7 +274,27 @@ def run(scenario: Scenario, model_dir: str) -> dict:
         "vllm_engine_state": vars(engine_state),
         "vllm_reschedulings": reschedulings.by_request,
         "anomalies": tracker.anomaly_counts,
+        "tokens_calls": tokens_calls,
     }
+
+
+def log_tokens_calls(tracker: RequestTracker) -> list[dict]:
+    """Every ``tokens()`` call the adapter makes on ``tracker``: its ids, whether it passed counts, and
+    whether the tracker took its steady path. That path is the one that moves the tracker's previous
+    step forward instead of starting a new one, so the step object staying the same is its mark (read
+    from the tracker's private ``_prev_step``: no public figure tells the two paths apart)."""
+    calls: list[dict] = []
+    tokens = tracker.tokens
+
+    def logged(request_ids, ts=None, counts=None):
+        before = tracker._prev_step
+        tokens(request_ids, ts=ts, counts=counts)
+        calls.append(
+            {"ids": list(request_ids), "counts": counts is not None, "steady": tracker._prev_step is before}
+        )
+
+    tracker.tokens = logged
+    return calls
 
 
 class ReschedulingLog:

@@ -95,4 +95,10 @@ SCENARIOS = (
         prefix_caching=True,
         shared_prefix=16,
     ),
+    Scenario(
+        "steady",  # a decode batch that stays the same for many steps: the tracker's steady path
+        num_blocks=32,
+        max_num_batched_tokens=256,
+        requests={f"d{i}": RequestSpec(20, 32) for i in range(6)},
+    ),
 )

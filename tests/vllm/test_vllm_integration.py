@@ -9,6 +9,7 @@ those taking ``run`` look at the ``mixed`` scenario (abort, stop, length, a W3C 
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 from collections import defaultdict
 from pathlib import Path
@@ -232,3 +233,15 @@ def test_speculative_decoding_counts_equal_vllm(vllm_runs: dict[str, dict[str, A
     (accepted,) = metric(run, sc.METRIC_SPEC_ACCEPTED_TOKENS)
     assert drafted["value"] == vllm["spec_draft_tokens"]
     assert accepted["value"] == vllm["spec_accepted_tokens"]
+
+
+def test_a_steady_decode_batch_takes_the_trackers_steady_path(vllm_runs: dict[str, dict[str, Any]]) -> None:
+    # Six requests decode side by side for 31 steps after their first token: each step whose outputs
+    # are the previous step's requests again must reach the tracker as that same batch, without counts,
+    # and move its one shared step (the adapter's plain-step path feeding the tracker's steady path).
+    calls = vllm_runs["steady"]["tokens_calls"]
+    repeats = [call for before, call in itertools.pairwise(calls) if call["ids"] == before["ids"]]
+    assert len(repeats) >= 25, calls
+    assert [call for call in repeats if call["counts"] or not call["steady"]] == []
+    # Not every call is steady: the first step of a batch starts a step of its own.
+    assert not calls[0]["steady"]

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Container, Iterable, Mapping
+from operator import attrgetter
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -42,6 +43,8 @@ from otel_llm.integrations.vllm.rescheduling import Reschedulings
 from otel_llm.tracker_options import DEFAULT_MAX_AGE_S, DEFAULT_MAX_IN_FLIGHT
 
 _log = logging.getLogger(__name__)
+
+_REQUEST_ID = attrgetter("request_id")
 
 # vLLM's FinishReason member names -> our finish reasons; other members are kept, lower-cased
 # (vLLM 0.33 also has REPETITION).
@@ -144,6 +147,9 @@ class VLLMAdapter:
         # Whether this vLLM's outputs carry prefill_stats (0.32 and later, at least): without them the
         # prompt tokens a step computed are unknown, and tokens per step are not reported.
         self._prefill_stats: bool | None = None
+        # How many requests vLLM's frontend held when ``outputs`` began (-1: not a dict, not known):
+        # ``settle`` has nothing to do when it holds as many after processing the batch.
+        self._open_before = -1
         # Disaggregated prefill: requests that asked do_remote_decode while they run here, and those
         # whose carrier went out with their last output (handed off: kv_sent, not finished).
         self._remote_decode: set[str] = set()
@@ -214,50 +220,118 @@ class VLLMAdapter:
         ``still_open``: the requests vLLM's frontend holds before it processes the batch; the step's
         token count takes only their outputs, as vLLM's does (it drops outputs of aborted requests).
         None: every output counts.
+
+        Most outputs of a step are a followed request's one new token and nothing else. Those reach the
+        tracker in one ``tokens()`` call, their ids in vLLM's order, so an unchanged decode batch takes
+        the tracker's steady path (one shared step moves). When every output of the batch is such a
+        plain one, it is found with a few passes over the batch at C speed; otherwise the plain ones
+        are sorted out in one loop, and only the others (events, not one token, a request not followed,
+        a second tracker) go through ``_output``, one by one.
         """
         if batch_ts is None:
             batch_ts = time.monotonic()
-        batches: dict[Any, tuple[list[str], list[int]]] = {}  # tracker -> (request ids, token counts)
-        step_tokens = 0
+        if still_open is not None and still_open.__class__ is dict:
+            self._open_before = len(still_open)  # type: ignore[arg-type]
+        else:
+            self._open_before = -1
+        live_get = self._live.get
+        if outputs.__class__ is list and outputs:
+            # The common step: every output is a followed request's one new token, without events, and
+            # all go to one tracker. A request's first output, the only one with ``prefill_stats`` (its
+            # prompt's figures), is never plain: it carries the QUEUED event, or, from an engine core
+            # without events, it belongs to a request not opened yet.
+            request_ids = list(map(_REQUEST_ID, outputs))
+            owners = list(map(live_get, request_ids))
+            tracker = owners[0]
+            if (
+                tracker is not None
+                and owners.count(tracker) == len(owners)
+                and not [out for out in outputs if out.events or len(out.new_token_ids) != 1]
+            ):
+                self._step_outputs += len(request_ids)
+                self._step_tokens += len(request_ids)
+                tracker.tokens(request_ids, ts=batch_ts)
+                if self._remote_decode:
+                    self._hand_off(outputs)
+                return
+        plain: list[str] = []  # followed, one token, nothing else, all on ``tracker``
+        odd: list[Any] | None = None
+        tracker = None
         for out in outputs:
-            if self._prefill_stats is None:
-                self._prefill_stats = hasattr(out, "prefill_stats")
             request_id = out.request_id
-            if still_open is None or request_id in still_open:
-                self._step_outputs += 1
-                step_tokens += len(out.new_token_ids) + (computed_prompt_tokens(out) or 0)
-                sources = prompt_sources(out)
-                if sources is not None:
-                    self._count_prompt(sources)
-            if request_id not in self._live and request_id not in self._pending:
-                continue  # registered before instrumentation, or already finished
-            events = out.events
-            # The prefix-cache hits of the first scheduling ride on the request's first output (older
-            # vLLMs repeat them on every output: only the first output's go to the first SCHEDULED).
-            cached = cached_prompt_tokens(out) if request_id in self._pending else None
-            if events:
-                self._replay(request_id, events, cached)
-            if request_id in self._pending:
-                # No QUEUED event: the engine core runs without stats logging. Queue from arrival and
-                # schedule at this batch; the prefill/queue split and preemptions are unknown then.
-                self._note_no_events()
-                self._open(request_id, None)
-                self._schedule(request_id, batch_ts, cached)
-            produced = len(out.new_token_ids)
-            if produced:
-                tracker = self._live[request_id]
-                batch = batches.get(tracker)
-                if batch is None:
-                    batch = batches[tracker] = ([], [])
-                batch[0].append(request_id)
-                batch[1].append(produced)
-        for tracker, (request_ids, counts) in batches.items():
-            # One token each (no speculative decoding) goes without counts: the tracker's fast path.
-            one_each = counts.count(1) == len(counts)
-            tracker.tokens(request_ids, ts=batch_ts, counts=None if one_each else counts)
-        self._step_tokens += step_tokens
+            owner = live_get(request_id)
+            if (
+                owner is None
+                or out.events
+                or len(out.new_token_ids) != 1
+                or (owner is not tracker and tracker is not None)
+            ):
+                if odd is None:
+                    odd = []
+                odd.append(out)
+                continue
+            tracker = owner
+            plain.append(request_id)
+        # A followed request is open in vLLM's frontend until ``settle`` or ``abandoned`` drops it, so
+        # every plain output counts for the step, one token each.
+        self._step_outputs += len(plain)
+        self._step_tokens += len(plain)
+        if odd is None:
+            if plain:
+                tracker.tokens(plain, ts=batch_ts)
+        else:
+            batches: dict[Any, tuple[list[str], list[int]]] = {}
+            if plain:
+                batches[tracker] = (plain, [1] * len(plain))
+            for out in odd:
+                self._output(out, batch_ts, still_open, batches)
+            for owner, (request_ids, counts) in batches.items():
+                # One token each (no speculative decoding) goes without counts: the tracker's fast path.
+                one_each = counts.count(1) == len(counts)
+                owner.tokens(request_ids, ts=batch_ts, counts=None if one_each else counts)
         if self._remote_decode:
             self._hand_off(outputs)
+
+    def _output(
+        self,
+        out: Any,
+        batch_ts: float,
+        still_open: Container[str] | None,
+        batches: dict[Any, tuple[list[str], list[int]]],
+    ) -> None:
+        """One output that is not a followed request's plain token: its step counts, its events (in
+        timestamp order, before its tokens), and its tokens added to its tracker's batch."""
+        request_id = out.request_id
+        if self._prefill_stats is None:
+            self._prefill_stats = hasattr(out, "prefill_stats")
+        if still_open is None or request_id in still_open:
+            self._step_outputs += 1
+            self._step_tokens += len(out.new_token_ids) + (computed_prompt_tokens(out) or 0)
+            sources = prompt_sources(out)
+            if sources is not None:
+                self._count_prompt(sources)
+        if request_id not in self._live and request_id not in self._pending:
+            return  # registered before instrumentation, or already finished
+        events = out.events
+        # The prefix-cache hits of the first scheduling ride on the request's first output (older
+        # vLLMs repeat them on every output: only the first output's go to the first SCHEDULED).
+        cached = cached_prompt_tokens(out) if request_id in self._pending else None
+        if events:
+            self._replay(request_id, events, cached)
+        if request_id in self._pending:
+            # No QUEUED event: the engine core runs without stats logging. Queue from arrival and
+            # schedule at this batch; the prefill/queue split and preemptions are unknown then.
+            self._note_no_events()
+            self._open(request_id, None)
+            self._schedule(request_id, batch_ts, cached)
+        produced = len(out.new_token_ids)
+        if produced:
+            tracker = self._live[request_id]
+            batch = batches.get(tracker)
+            if batch is None:
+                batch = batches[tracker] = ([], [])
+            batch[0].append(request_id)
+            batch[1].append(produced)
 
     def engine_stats(self, stats: Any) -> None:
         """The end of one engine step: its ``SchedulerStats`` (or None) and the tokens of its outputs.
@@ -265,20 +339,50 @@ class VLLMAdapter:
         One ``engine_state()`` call per step. Tokens per step are counted only for steps that delivered
         outputs, as vLLM records ``vllm:iteration_tokens_total``: per output, its new tokens plus, on a
         request's first output, the prompt tokens the engine computed (its prefix-cache hits excluded).
+        A step of vLLM 0.32 / 0.33 with no first output, no prefix-cache lookup and no speculative
+        decoding reads five fields straight; any other goes through ``state_of``, field by field.
         """
         outputs, tokens = self._step_outputs, self._step_tokens
         self._step_outputs = self._step_tokens = 0
+        tracker = self._engine_tracker
+        if tracker is None:
+            self._step_prompt = None
+            return
+        step = tokens if outputs and self._prefill_stats is not False else None
+        if self._step_prompt is None and stats is not None:
+            try:
+                usage, running = stats.kv_cache_usage, stats.num_running_reqs
+                waiting, deferred = stats.num_waiting_reqs, stats.num_skipped_waiting_reqs
+                prefix, spec = stats.prefix_cache_stats, stats.spec_decoding_stats
+            except AttributeError:  # another vLLM's SchedulerStats: the checked path below
+                pass
+            else:
+                if (
+                    usage.__class__ is float
+                    and 0.0 <= usage <= 1.0
+                    and running.__class__ is int
+                    and waiting.__class__ is int
+                    and deferred.__class__ is int
+                    and running >= 0
+                    and waiting >= 0
+                    and deferred >= 0
+                    and spec is None
+                    and (prefix is None or not prefix.queries)
+                ):
+                    tracker.engine_state(
+                        kv_cache_usage=usage, running=running, waiting=waiting + deferred, step_tokens=step
+                    )
+                    return
         state = state_of(stats) if stats is not None else {}
-        if outputs and self._prefill_stats is not False:
-            state["step_tokens"] = tokens
+        if step is not None:
+            state["step_tokens"] = step
         if self._step_prompt is not None:
             computed, cached, transferred = self._step_prompt
             self._step_prompt = None
             state["prompt_tokens_computed"] = computed
             state["prompt_tokens_cached"] = cached
             state["prompt_tokens_transferred"] = transferred
-        tracker = self._engine_tracker
-        if state and tracker is not None:
+        if state:
             tracker.engine_state(**state)
 
     def settle(self, outputs: Iterable[Any], still_open: Container[str]) -> None:
@@ -287,6 +391,9 @@ class VLLMAdapter:
         A request can finish in the frontend without an engine finish reason (a stop string found by the
         detokenizer, or a request rejected with an error), so membership decides, the reason explains.
         """
+        before, self._open_before = self._open_before, -1
+        if before >= 0 and len(still_open) == before:  # type: ignore[arg-type]
+            return  # vLLM's frontend dropped none of its requests while it processed this batch
         now = time.monotonic()
         for out in outputs:
             request_id = out.request_id

@@ -544,15 +544,23 @@ def _request_added(
 
 
 def _wrap_process_outputs(original: Callable[..., Any]) -> Callable[..., Any]:
+    # Once per batch of every engine step: the adapter's calls are inline here, each in its own
+    # try (what ``_guarded`` does, without its two extra calls).
     def process_outputs(self: Any, engine_core_outputs: Any, *args: Any, **kwargs: Any) -> Any:
         batch_ts = args[0] if args else kwargs.get("engine_core_timestamp")
-        adapter = VLLMInstrumentor._adapters.get(self)
+        adapter = _adapter_of(self)
         if adapter is not None:
             # Before vLLM: it may trim tokens after a stop string; vLLM counts them untrimmed too.
-            _guarded("process_outputs", adapter.outputs, engine_core_outputs, batch_ts, _open_ids(self))
+            try:
+                adapter.outputs(engine_core_outputs, batch_ts, _open_ids(self))
+            except Exception:
+                _step_failed("process_outputs")
         result = original(self, engine_core_outputs, *args, **kwargs)
         if adapter is not None:
-            _guarded("process_outputs", adapter.settle, engine_core_outputs, _open_ids(self))
+            try:
+                adapter.settle(engine_core_outputs, _open_ids(self))
+            except Exception:
+                _step_failed("process_outputs")
         return result
 
     process_outputs.__wrapped__ = original  # type: ignore[attr-defined]
@@ -562,13 +570,40 @@ def _wrap_process_outputs(original: Callable[..., Any]) -> Callable[..., Any]:
 def _wrap_update_scheduler_stats(original: Callable[..., Any]) -> Callable[..., Any]:
     def update_scheduler_stats(self: Any, scheduler_stats: Any, *args: Any, **kwargs: Any) -> Any:
         result = original(self, scheduler_stats, *args, **kwargs)
-        adapter = VLLMInstrumentor._adapters.get(self)
+        adapter = _adapter_of(self)
         if adapter is not None:
-            _guarded("update_scheduler_stats", adapter.engine_stats, scheduler_stats)
+            try:
+                adapter.engine_stats(scheduler_stats)
+            except Exception:
+                _step_failed("update_scheduler_stats")
         return result
 
     update_scheduler_stats.__wrapped__ = original  # type: ignore[attr-defined]
     return update_scheduler_stats
+
+
+# The adapter found last, with the adapters' map it came from and its processor (weakly): a frontend
+# has one OutputProcessor, so each step's lookups hit this instead of the WeakKeyDictionary, whose get()
+# makes a weak reference every time (about 1 µs, twice a step).
+_last_adapter: tuple[Any, weakref.ref[Any], VLLMAdapter] | None = None
+
+
+def _adapter_of(processor: Any) -> VLLMAdapter | None:
+    """The adapter of an instrumented ``OutputProcessor``, None when it has none (yet)."""
+    global _last_adapter
+    adapters = VLLMInstrumentor._adapters
+    last = _last_adapter
+    if last is not None and last[0] is adapters and last[1]() is processor:
+        return last[2]
+    adapter = adapters.get(processor)
+    if adapter is not None:
+        _last_adapter = (adapters, weakref.ref(processor), adapter)
+    return adapter
+
+
+def _step_failed(what: str) -> None:
+    """In an ``except`` block: the adapter failed in ``what``; said once, with the traceback."""
+    _warn_once("otel_llm: vLLM integration failed in %s; vLLM is unaffected", what, exc_info=True)
 
 
 def _wrap_abort_requests(original: Callable[..., Any]) -> Callable[..., Any]:
