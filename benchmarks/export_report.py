@@ -56,7 +56,10 @@ def _sort_key(row: dict[str, Any]) -> tuple[int, str, bool, int]:
 def _table(result: dict[str, Any]) -> list[str]:
     out = list(HEADER)
     for row in sorted(result["rows"], key=_sort_key):
-        beyond = _us(row["beyond_us"]) if "beyond_us" in row else ""
+        beyond = ""
+        if "beyond_us" in row:
+            q1, q3 = row["beyond_q_us"]
+            beyond = f"{_us(row['beyond_us'])} ({_us(q1)} to {_us(q3)})"
         batch = str(row["batch"]) if row["what"] != "build" else "-"
         out.append(
             f"| {_label(result, row)} | {batch} | {row['compression']} | {_us(row['thread_us'])} | "
@@ -80,6 +83,7 @@ def conclusion(result: dict[str, Any]) -> str:
     best = min(add, key=lambda k: add[k])
     default = add[("http", 512, "none")]  # otel_llm's default: http/protobuf, no compression, the SDK's 512
     total = encode[512] + default
+    large = [v for (_, batch, _), v in add.items() if batch >= 512]
     kinds = {r["protocol"]: r["process_us"] for r in result["rows"] if r["what"] == "encode-kind"}
     root = kinds.pop("llm.request", float("nan"))
     child = min(kinds.values()) if kinds else float("nan")
@@ -88,23 +92,29 @@ def conclusion(result: dict[str, Any]) -> str:
     def pair(batch: int, compression: str = "none") -> str:
         return f"{_us(add[('grpc', batch, compression)])} and {_us(add[('http', batch, compression)])} µs"
 
+    # At 64 spans a batch the per-span part of sending is small next to the per-request part.
+    per_request = {p: add[(p, 64, "none")] * 64 / 1e3 for p in ("grpc", "http")}
     return (
         f"Encoding is the bill: the OTLP encoder alone takes {_us(encode[512])} µs of CPU a span in batches "
         f"of 512 ({_us(encode[64])} at 64, {_us(encode[2048])} at 2048). What a whole `export()` adds to it "
         f"(gRPC and HTTP/protobuf, no compression): {pair(512)} a span at the batch span processor's default "
-        f"batch of 512; {pair(64)} at 64, where each request's fixed cost is shared by fewer spans; "
-        f"{pair(2048)} at 2048, a size that needs `OTEL_BSP_MAX_QUEUE_SIZE` raised with it and fills only "
-        f"at high span rates. With gzip, at 512: {pair(512, 'gzip')}, for "
-        f"{nbytes['none'] / nbytes['gzip']:.0f}× fewer bytes ({nbytes['none']:.0f} → {nbytes['gzip']:.0f} B "
-        "a span): worth it where the network is short, not where the exporting process's CPU is. The "
-        f"cheapest standard setting measured is {PROTOCOL_NAMES[best[0]]}, batches of {best[1]}, compression "
-        f"{best[2]} ({add[best]:+.1f} µs); against otel_llm's default (HTTP/protobuf, none, 512: "
-        f"{default:+.1f} µs, {_us(total)} µs a span in all) it would save "
-        f"{max(default - add[best], 0.0) / total * 100:.0f} % of the exporting CPU. What no exporter setting "
-        f"changes is the encoder's own cost: {_us(child)} µs for a child span without attributes, "
-        f"{_us(root)} µs for an `llm.request` with its attributes and events. In-process export cost goes "
-        "down with fewer spans (trace detail `request`, tail sampling) or fewer attributes and events, "
-        "hardly with the transport."
+        f"batch of 512; {pair(2048)} at 2048, a size that needs `OTEL_BSP_MAX_QUEUE_SIZE` raised with it; "
+        f"{pair(64)} at 64, where a cost per request (about {per_request['grpc']:.1f} and "
+        f"{per_request['http']:.1f} ms of CPU) is shared by fewer spans. With gzip, at 512: "
+        f"{pair(512, 'gzip')}, for {nbytes['none'] / nbytes['gzip']:.0f}× fewer bytes "
+        f"({nbytes['none']:.0f} → {nbytes['gzip']:.0f} B a span): worth it where the network is short, not "
+        "where the exporting process's CPU is. So at 512 spans a batch or more, every standard setting adds "
+        f"{_us(min(large))} to {_us(max(large))} µs to the encoder's {_us(encode[512])}, differences within "
+        "the spread between rounds (quartiles in the table); protocol matters only for small batches, which "
+        "the batch span processor sends only when spans come slowly (fewer than 512 in "
+        "`OTEL_BSP_SCHEDULE_DELAY`, 5 s), when the cost per second is small anyway. The cheapest setting "
+        f"measured, {PROTOCOL_NAMES[best[0]]} with batches of {best[1]} and compression {best[2]} "
+        f"({add[best]:+.1f} µs), would save {max(default - add[best], 0.0) / total * 100:.0f} % of the "
+        f"exporting CPU against otel_llm's default (HTTP/protobuf, none, 512: {default:+.1f} µs, "
+        f"{_us(total)} µs a span in all). What no exporter setting changes is the encoder's own cost: "
+        f"{_us(child)} µs for a child span without attributes, {_us(root)} µs for an `llm.request` with its "
+        "attributes and events. In-process export cost goes down with fewer spans (trace detail `request`, "
+        "tail sampling) or fewer attributes and events, hardly with the transport."
     )
 
 
@@ -127,7 +137,8 @@ def lines(result: dict[str, Any]) -> list[str]:
         "`time.process_time` of the whole process, which holds gRPC's own threads; the receiver's is not "
         f"counted), µs per span, medians of {result['rounds']} interleaved rounds, garbage collector off "
         "while timed. Each `export()` runs next to an encoding of the same batches; its last column is the "
-        "median of those pairs' differences (process CPU), steadier on a shared machine than two medians. "
+        "median (and quartiles) of those pairs' differences (process CPU), steadier on a shared machine "
+        "than two medians. "
         f"Protobuf runtime: `{result['protobuf']}`. Spans received: {received}; failed "
         f"exports: {result['failures']}. `finished()` alone, which builds the SDK spans: "
         f"{_us(result['finish_us'])} µs a span.",
