@@ -143,7 +143,11 @@ class Receiver:
             # gRPC logs each connection the exporters close at the end as an info line; keep output clean.
             env={**os.environ, "GRPC_VERBOSITY": "ERROR"},
         )
-        self.port = int(self._ask(None))
+        try:
+            self.port = int(self._ask(None))
+        except BaseException:
+            self.close()
+            raise
 
     def _ask(self, command: str | None) -> str:
         assert self._proc.stdin is not None and self._proc.stdout is not None
@@ -160,11 +164,17 @@ class Receiver:
         return int(self._ask("take"))
 
     def close(self) -> None:
-        if self._proc.poll() is None:
-            assert self._proc.stdin is not None
+        """Ask the receiver to stop; kill it if it has not within 10 s."""
+        if self._proc.poll() is not None:
+            return
+        assert self._proc.stdin is not None
+        try:
             self._proc.stdin.write("quit\n")
             self._proc.stdin.close()
             self._proc.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            self._proc.kill()
+            self._proc.wait()
 
 
 def exporter(protocol: str, compression: str, port: int) -> Any:
@@ -193,13 +203,15 @@ Work = Callable[[], None]
 def _cpu(work: Work) -> tuple[int, int]:
     """(thread CPU ns, process CPU ns) of one call of ``work``, the garbage collector off meanwhile."""
     gc.collect()
+    enabled = gc.isenabled()
     gc.disable()  # a collection landing in one variant's block would be charged to it alone
     try:
         thread0, process0 = time.thread_time_ns(), time.process_time_ns()
         work()
         thread1, process1 = time.thread_time_ns(), time.process_time_ns()
     finally:
-        gc.enable()
+        if enabled:  # a caller that runs with the collector off keeps it off
+            gc.enable()
     return thread1 - thread0, process1 - process0
 
 
@@ -253,11 +265,13 @@ def measure(quick: bool) -> dict[str, Any]:
     rounds = 2 if quick else 30  # two: the fewest that give quartiles
     spans, span_stats = make_spans(POOL)
     pool = spans[:POOL]
-    receivers = {p: Receiver(p) for p in PROTOCOLS}
+    receivers: dict[str, Receiver] = {}
     exporters: list[Any] = []
     failures: list[str] = []
     builds: list[dict[str, Any]] = []
     try:
+        for protocol in PROTOCOLS:
+            receivers[protocol] = Receiver(protocol)
         variants: dict[Key, Work] = {}
         for size in BATCH_SIZES:
             batches = _batches(pool, size)
