@@ -42,9 +42,10 @@ ENGINE_VENV = Path(os.environ.get("OTEL_LLM_VLLM_CPU_VENV", REPO / ".venv-vllm-c
 ENGINE_PYTHON = ENGINE_VENV / "bin" / "python"
 ADAPTER_PATH = "otel_llm/integrations/vllm/adapter.py"
 # name -> (prompts, output tokens, KV blocks of 32 tokens): the preempting workload of
-# benchmarks.vllm_cost (a handful of requests fit at once), and the same requests with KV room for all
-# of them at once, which decode as one steady batch: the batch the target is set at.
-WORKLOADS = {"preempting": (24, 96, 20), "steady batch": (24, 96, 128)}
+# benchmarks.vllm_cost (a handful of requests fit at once); the same requests with KV room for all
+# of them at once, which decode as one steady batch: the batch the target is set at; and a batch of
+# short requests the size a GPU runs.
+WORKLOADS = {"preempting": (24, 96, 20), "steady batch": (24, 96, 128), "GPU-sized batch": (192, 32, 448)}
 QUICK_WORKLOADS = {"steady batch": (6, 12, 16)}
 STEADY = "steady batch"
 TARGET_US = 8.0  # issue target: the adapter's own CPU per step at batch 24
@@ -88,6 +89,7 @@ def _record(prompts: int, max_tokens: int, blocks: int) -> list[tuple[str, tuple
         enforce_eager=True,
         block_size=32,
         num_gpu_blocks_override=blocks,
+        max_num_seqs=256,
         disable_log_stats=True,
         seed=0,
     )
