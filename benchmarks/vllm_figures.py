@@ -153,7 +153,9 @@ def breakdown(profile: list[dict[str, Any]], min_thread_ms: float = 0.05) -> Bre
             threads[name] = threads.get(name, 0) + ns
     small = 0
     for name, ns in sorted(threads.items(), key=lambda item: -item[1]):
-        if per_1k(ns, tokens) >= min_thread_ms:
+        # The SDK's export threads (OtelBatchSpanRecordProcessor, OtelPeriodicExportingMetricReader) are
+        # always shown, also when the flush on the main thread left them nothing to do.
+        if per_1k(ns, tokens) >= min_thread_ms or name.startswith("Otel"):
             rows.append((f"thread {name}", per_1k(ns, tokens), None, None))
         else:
             small += ns

@@ -124,7 +124,7 @@ class Worker:
 
 
 def launch_worker(variant: Variant, workload: Workload, endpoint: str, tmp: Path) -> Worker:
-    """Start one variant's worker; it answers ``ready`` once warm (see ``wait_ready``)."""
+    """Start one variant's worker; it answers ``ready`` once warm (``start_workers`` waits for that)."""
     spec = {
         "variant": variant.name,
         "workload": asdict(workload),
@@ -269,5 +269,9 @@ def _summary(rounds: dict[str, list[dict[str, Any]]]) -> str:
     )
 
 
+_STARTED = time.monotonic()
+
+
 def _progress(line: str) -> None:
-    print(f"vllm_cost: {line}", file=sys.stderr, flush=True)
+    elapsed = time.monotonic() - _STARTED
+    print(f"vllm_cost [{elapsed / 60:4.1f} min]: {line}", file=sys.stderr, flush=True)

@@ -132,7 +132,7 @@ def profile_round(frontend: Frontend, engine_pids: list[int], counters: Any) -> 
         "entry_points": entry_points,
         "cpu_ns": dict(counters.cpu_ns),
         "calls": dict(counters.calls),
-        "threads_ns": {name: ns for name, ns in spent.items() if ns > 0},
+        "threads_ns": spent,
     }
 
 
