@@ -86,10 +86,12 @@ def rate_ratio(result: dict[str, Any], variant: str = OTEL_PHASES) -> Spread:
 class SpanNotes:
     """What the receiver got during the timed rounds: spans per request of each variant that exports
     (vLLM tracing: its ``llm_request`` spans, not its start-up spans), preemptions per round (the phases
-    variant's ``llm.preempted`` spans, one per preemption) and the share of traces tail sampling kept."""
+    variant's ``llm.preempted`` spans, one per preemption) and requests preempted at least once per round
+    (the traces holding them), and the share of traces tail sampling kept."""
 
     spans_per_request: dict[str, float]
     preemptions_per_round: float
+    preempted_requests_per_round: float
     tail_kept: float
 
 
@@ -97,12 +99,17 @@ def span_notes(result: dict[str, Any]) -> SpanNotes:
     rounds = len(result["rounds"][BARE])
     requests = result["workload"]["prompts"] * rounds
     spans = result["spans"]
-    per_request = {name: sum(counts.values()) / requests for name, counts in spans.items() if counts}
+    per_request = {
+        name: sum(n for what, n in counts.items() if what != "preempted requests") / requests
+        for name, counts in spans.items()
+        if counts
+    }
     if VLLM_TRACING in per_request:
         per_request[VLLM_TRACING] = spans[VLLM_TRACING].get("llm_request", 0) / requests
     return SpanNotes(
         per_request,
         spans.get(OTEL_PHASES, {}).get("llm.preempted", 0) / rounds,
+        spans.get(OTEL_PHASES, {}).get("preempted requests", 0) / rounds,
         spans.get(OTEL_TAIL, {}).get("llm.request", 0) / requests,
     )
 

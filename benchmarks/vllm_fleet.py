@@ -209,8 +209,10 @@ def _turn(worker: Worker, command: str) -> dict[str, Any]:
 
 
 def _span_counts(receiver: Any, start: int, end: int) -> dict[str, Counter[str]]:
-    """Spans by service name, then span name, in the export requests ``start`` to ``end``."""
+    """Spans by service name, then span name, in the export requests ``start`` to ``end``; also, under
+    ``preempted requests``, the traces with at least one ``llm.preempted`` span."""
     counts: dict[str, Counter[str]] = {}
+    preempted: dict[str, set[bytes]] = {}
     for received in receiver.collected.received("traces")[start:end]:
         for resource_spans in received.request.resource_spans:
             service = next(
@@ -223,7 +225,12 @@ def _span_counts(receiver: Any, start: int, end: int) -> dict[str, Counter[str]]
             )
             names = counts.setdefault(service, Counter())
             for scope_spans in resource_spans.scope_spans:
-                names.update(span.name for span in scope_spans.spans)
+                for span in scope_spans.spans:
+                    names[span.name] += 1
+                    if span.name == "llm.preempted":
+                        preempted.setdefault(service, set()).add(span.trace_id)
+    for service, traces in preempted.items():
+        counts[service]["preempted requests"] = len(traces)
     return counts
 
 

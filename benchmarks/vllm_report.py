@@ -91,7 +91,8 @@ def workload_lines(letter: str, result: dict[str, Any]) -> list[str]:
         f"{workload['prompts']} prompts x {workload['max_tokens']} output tokens; KV cache of "
         f"{workload['blocks']} blocks x {workload['block_size']} tokens; "
         f"up to {workload['max_num_seqs']} requests running; "
-        f"{notes.preemptions_per_round:.1f} preemptions a round; {rounds} rounds per variant.",
+        f"{notes.preemptions_per_round:.1f} preemptions a round, {notes.preempted_requests_per_round:.1f} "
+        f"requests preempted at least once; {rounds} rounds per variant.",
         "",
         "| variant | frontend CPU, ms per 1k tokens: main thread | other threads | total | x bare "
         "| x vLLM tracing | engine-core CPU, ms per 1k tokens | tokens/s |",
