@@ -88,10 +88,19 @@ def measure(quick: bool, rounds: int | None = None) -> dict[str, Any]:
         },
         "workloads": [run_workload(w) for w in workloads],
     }
-    if vllm_adapter_cost is not None:
-        results["adapter"] = vllm_adapter_cost.measure(quick)
-    if export_cost is not None:
-        results["export"] = export_cost.measure(quick)
+    # The other sections run after the workloads; one that fails is reported (and fails the run) without
+    # losing the figures measured so far.
+    results["failed"] = {}
+    for key, module in (("adapter", vllm_adapter_cost), ("export", export_cost)):
+        if module is None:
+            continue
+        try:
+            results[key] = module.measure(quick)
+        except Exception as exc:
+            print(f"vllm_cost: the {module.__name__} section failed: {exc}", file=sys.stderr)
+            results["failed"][module.__name__] = (
+                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            )
     results["minutes"] = (time.monotonic() - started) / 60
     return results
 
@@ -130,6 +139,8 @@ def report(results: dict[str, Any]) -> str:
         lines += [*vllm_adapter_cost.lines(results["adapter"]), ""]
     if export_cost is not None and "export" in results:
         lines += [*export_cost.lines(results["export"]), ""]
+    for name, error in results.get("failed", {}).items():
+        lines += [f"Section `{name}` failed in this run: {error}", ""]
     lines += vllm_startup.lines(results["startup"])
     return "\n".join(lines) + "\n"
 
@@ -161,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         output.write_text(text)
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=1))
-    return 0
+    return 1 if results["failed"] else 0
 
 
 if __name__ == "__main__":
