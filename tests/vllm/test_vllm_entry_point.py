@@ -2,7 +2,7 @@
 
 ``opentelemetry-instrument`` loads every installed instrumentor in every process it starts. Checked by
 what ends up imported, in a real ``opentelemetry-instrument python -c ...`` (timings are in
-``benchmarks/vllm_cost.py``): where vLLM is absent, nothing of otel_llm; where vLLM is installed, only
+``benchmarks/vllm_startup.py``): where vLLM is absent, nothing of otel_llm; where vLLM is installed, only
 the small integration package, never vLLM or torch, until the program imports vLLM itself.
 """
 
