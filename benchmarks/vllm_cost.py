@@ -71,9 +71,10 @@ except ImportError:
 LETTERS = "abcdefgh"
 
 
-def measure(quick: bool, rounds: int | None = None) -> dict[str, Any]:
+def measure(quick: bool, rounds: int | None = None, adapter_baseline: str | None = None) -> dict[str, Any]:
     """Every section's results (JSON-serialisable); ``rounds``: timed rounds per variant and workload
-    instead of each workload's own (a short check of the whole run)."""
+    instead of each workload's own (a short check of the whole run); ``adapter_baseline``: a git
+    revision whose vLLM adapter the adapter section replays beside the current one."""
     started = time.monotonic()
     workloads = QUICK_WORKLOADS if quick else WORKLOADS
     if rounds is not None:
@@ -95,7 +96,10 @@ def measure(quick: bool, rounds: int | None = None) -> dict[str, Any]:
         if module is None:
             continue
         try:
-            results[key] = module.measure(quick)
+            if key == "adapter" and adapter_baseline is not None:
+                results[key] = module.measure(quick, adapter_baseline)
+            else:
+                results[key] = module.measure(quick)
         except Exception as exc:
             print(f"vllm_cost: the {module.__name__} section failed: {exc}", file=sys.stderr)
             results["failed"][module.__name__] = (
@@ -157,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--rounds", type=int, help="timed rounds per variant in every workload (a short check)"
     )
+    parser.add_argument(
+        "--adapter-baseline", metavar="REV", help="also replay the vLLM adapter of this git revision"
+    )
     args = parser.parse_args(argv)
     if not ENGINE_PYTHON.exists():
         print(
@@ -164,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    results = measure(args.quick, args.rounds)
+    results = measure(args.quick, args.rounds, args.adapter_baseline)
     text = report(results)
     print(text)
     output = args.output or (None if args.quick or args.rounds else REPO / "BENCHMARKS-vllm.md")
