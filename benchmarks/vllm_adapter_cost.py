@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -37,9 +36,8 @@ import types
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-ENGINE_VENV = Path(os.environ.get("OTEL_LLM_VLLM_CPU_VENV", REPO / ".venv-vllm-cpu"))
-ENGINE_PYTHON = ENGINE_VENV / "bin" / "python"
+from benchmarks.vllm_fleet import ENGINE_ENV, ENGINE_PYTHON, ENGINE_VENV, REPO, clean_env
+
 ADAPTER_PATH = "otel_llm/integrations/vllm/adapter.py"
 # name -> (prompts, output tokens, KV blocks of 32 tokens): the preempting workload of
 # benchmarks.vllm_cost (a handful of requests fit at once); the same requests with KV room for all
@@ -225,15 +223,9 @@ def measure(quick: bool, baseline: str | None = None) -> dict[str, Any]:
     if baseline is not None:
         show = ["git", "show", f"{baseline}:{ADAPTER_PATH}"]
         source = subprocess.run(show, cwd=REPO, check=True, capture_output=True, text=True).stdout
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "VLLM_"))}
-    env.pop("PYTHONPATH", None)
-    env.update(
+    env = clean_env(
+        **ENGINE_ENV,
         OTEL_LLM_VLLM_CPU_VENV=str(ENGINE_VENV),  # where the worker finds the model
-        VLLM_TARGET_DEVICE="cpu",
-        VLLM_CPU_KVCACHE_SPACE="1",
-        HF_HUB_OFFLINE="1",
-        VLLM_NO_USAGE_STATS="1",
-        TOKENIZERS_PARALLELISM="false",
         VLLM_CACHE_ROOT=tempfile.mkdtemp(prefix="vllm-cache-"),
         OTEL_TRACES_EXPORTER="none",
         OTEL_METRICS_EXPORTER="none",
