@@ -73,7 +73,7 @@ def handoff(sets: int) -> tuple[Round, list[object]]:
     """The bridge's share alone: building the histogram points of one collection."""
     import time
 
-    from otel_llm import meter_providers, sdk_bridge
+    from otel_llm.emit import meter_providers, sdk_bridge
 
     _, keep = ours(sets)
     sources = [s for owner in meter_providers.owners_for(keep[0]) for s in owner.histogram_sources()]

@@ -27,8 +27,8 @@ from benchmarks.providers import discarding_providers
 from benchmarks.report import Measure
 from benchmarks.timing import compare, perf_ns
 from otel_llm import RequestTracker
-from otel_llm.sampling import TailSampling
-from otel_llm.steps import DETAILS
+from otel_llm.emit.sampling import TailSampling
+from otel_llm.record import DETAILS
 
 TAIL = TailSampling(ratio=0.05, ttft_s=1.0, e2e_s=10.0)
 SETTINGS = {"every trace": False, "tail 5 % + preempted + slow": TAIL}
@@ -279,7 +279,7 @@ def _finish_costs(quick: bool, rounds: int) -> list[Measure]:
 
     # What a kept request adds to today's finish is the decision itself: timed where it runs, since the
     # medians of two whole finishes differ by more than that from run to run.
-    sampler = trackers["on, kept"]._tail
+    sampler = trackers["on, kept"]._consumer._tail
     decided = [0, 0]  # calls, ns
     keep = sampler.keep  # type: ignore[union-attr]
 

@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING
 from otel_llm._version import __version__
 
 if TYPE_CHECKING:
+    from otel_llm.emit.sampling import TailSampling
     from otel_llm.setup import configure
     from otel_llm.tracker import RequestTracker
 
-__all__ = ["RequestTracker", "__version__", "configure"]
+__all__ = ["RequestTracker", "TailSampling", "__version__", "configure"]
 
 
 def __getattr__(name: str):  # imported on first use: `import otel_llm.integrations...` stays cheap
@@ -32,6 +33,10 @@ def __getattr__(name: str):  # imported on first use: `import otel_llm.integrati
         from otel_llm.tracker import RequestTracker
 
         return RequestTracker
+    if name == "TailSampling":
+        from otel_llm.emit.sampling import TailSampling
+
+        return TailSampling
     if name == "configure":  # pulls in the OTLP exporters
         from otel_llm.setup import configure
 

@@ -49,7 +49,7 @@ from otel_llm.export.counting import (
 )
 from otel_llm.export.otlp_json import OtlpJsonMetricExporter, OtlpJsonSpanExporter
 from otel_llm.export.telemetry import Telemetry
-from otel_llm.identity import new_span_id, new_trace_id
+from otel_llm.hooks.identity import new_span_id, new_trace_id
 
 __all__ = ["Telemetry", "configure"]
 

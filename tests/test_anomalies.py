@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from otel_llm import anomalies as an
 from otel_llm import semconv as sc
+from otel_llm.hooks import anomalies as an
 
 T0 = 100.0
 
@@ -204,7 +204,7 @@ def test_eviction_by_age(make_harness):
 
 
 def test_user_attributes_are_limited_and_counted(harness):
-    from otel_llm import attributes as limits
+    from otel_llm.hooks import attributes as limits
 
     t = harness.tracker
     attrs = {
@@ -237,7 +237,7 @@ def test_a_raising_span_hook_is_logged_once_and_the_trace_still_exported(make_ha
     calls = []
 
     def hook(span, fin):
-        calls.append(fin.timeline.request_id)
+        calls.append(fin.request_id)
         span.set_attribute("tenant", "blue")
         raise RuntimeError("bug in user code")
 

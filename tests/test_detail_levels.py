@@ -12,7 +12,8 @@ import pytest
 
 from otel_llm import RequestTracker
 from otel_llm import semconv as sc
-from otel_llm.steps import ENV_TRACE_DETAIL, MAX_STEP_SPANS
+from otel_llm.hooks.steps import ENV_TRACE_DETAIL
+from otel_llm.record import MAX_STEP_SPANS
 
 PHASE_SET = Counter(
     {

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from otel_llm import semconv as sc
-from otel_llm.handoff import KEY_TAIL
-from otel_llm.sampling import TailSampling
+from otel_llm.emit.sampling import TailSampling
+from otel_llm.hooks.handoff import KEY_TAIL
 
 NEVER = TailSampling(ratio=0.0)  # keeps only on the rules (no share of the rest)
 CALLER_UNSAMPLED = {"traceparent": "00-" + "ab" * 16 + "-" + "cd" * 8 + "-00"}

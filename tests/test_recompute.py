@@ -21,9 +21,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from otel_llm import RequestTracker
-from otel_llm import anomalies as an
 from otel_llm import semconv as sc
-from otel_llm.records import MAX_PREEMPTION_SPANS
+from otel_llm.hooks import anomalies as an
+from otel_llm.record import MAX_PREEMPTION_SPANS
 
 STEP = 0.01
 

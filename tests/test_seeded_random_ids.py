@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from otel_llm import RequestTracker, configure
-from otel_llm.identity import new_span_id, new_trace_id
+from otel_llm.hooks.identity import new_span_id, new_trace_id
 
 
 def draws(seed: int, draw: Callable[[], object]) -> list[object]:

@@ -37,7 +37,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from otel_llm import RequestTracker
 from otel_llm import semconv as sc
-from otel_llm.sampling import TailSampling
+from otel_llm.emit.sampling import TailSampling
 
 OFFSET_NS = 1_700_000_000 * 10**9  # one wall-clock offset for every tracker: times compare exactly
 STEP = 0.01
@@ -254,7 +254,8 @@ def _exported(setup: dict[str, Any], watched: bool) -> tuple[list[dict[str, Any]
     def make(**kwargs: Any) -> RequestTracker:
         kwargs.setdefault("tail_sampling", False)
         tracker = RequestTracker(tracer_provider=tp, meter_provider=None, model="paths-model", **kwargs)
-        tracker.clock.offset_ns = OFFSET_NS
+        # One offset for both paths: the tracker's clock and the one its records carry.
+        tracker.clock.offset_ns = tracker.info.clock_offset_ns = OFFSET_NS
         trackers.append(tracker)
         return tracker
 
@@ -271,8 +272,12 @@ def test_the_direct_path_and_the_tracer_path_export_the_same_spans(name: str) ->
     # Each provider took the path it was meant to: spans started through the tracer only where a
     # processor wants on_start; the other provider's spans never went through start_span().
     assert watcher.started == len(through_tracer)
-    assert all(t._spans._direct is not None and t._spans._direct.ready() for t in direct_trackers)
-    assert not any(t._spans._direct is not None and t._spans._direct.ready() for t in tracer_trackers)
+    assert all(
+        t._consumer._spans._direct is not None and t._consumer._spans._direct.ready() for t in direct_trackers
+    )
+    assert not any(
+        t._consumer._spans._direct is not None and t._consumer._spans._direct.ready() for t in tracer_trackers
+    )
 
     assert len(direct) > 60
     names = {s["name"] for s in direct}
@@ -342,7 +347,7 @@ def test_a_sampler_of_the_users_own_is_asked_for_every_span(caplog: Any) -> None
 def test_an_sdk_laid_out_otherwise_keeps_the_tracer_path_and_says_so(caplog: Any, monkeypatch: Any) -> None:
     """A fake of a future SDK (no other can run here): reading the tracer's internals fails as it would
     if one had moved. Spans still go out, through start_span(), after one warning."""
-    from otel_llm import sdk_spans
+    from otel_llm.emit import sdk_spans
 
     def moved(self: Any, tracer: Any, *args: Any) -> None:
         raise AttributeError("'Tracer' object has no attribute '_span_limits'")
@@ -352,7 +357,7 @@ def test_an_sdk_laid_out_otherwise_keeps_the_tracer_path_and_says_so(caplog: Any
     with caplog.at_level("WARNING", logger="otel_llm"):
         tracker = RequestTracker(tracer_provider=tp, meter_provider=None, tail_sampling=False)
         tracker.finished("r", ts=_run(tracker, "r", 1.0, 3))
-    assert tracker._spans._direct is None
+    assert tracker._consumer._spans._direct is None
     assert any("laid out otherwise" in r.getMessage() for r in caplog.records)
     names = sorted(s.name for s in exporter.get_finished_spans())
     assert names == ["llm.decode", "llm.prefill", "llm.queue", "llm.request"]

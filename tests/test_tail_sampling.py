@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from otel_llm import semconv as sc
-from otel_llm.sampling import (
+from otel_llm.emit.sampling import (
     ENV_E2E_S,
     ENV_RATIO,
     ENV_TAIL_SAMPLING,

@@ -11,9 +11,9 @@ import logging
 
 import pytest
 
-from otel_llm import anomalies as an
 from otel_llm import semconv as sc
-from otel_llm.spans import MAX_PREEMPTION_SPANS
+from otel_llm.hooks import anomalies as an
+from otel_llm.record import MAX_PREEMPTION_SPANS
 
 T0 = 7000.0  # an arbitrary monotonic origin
 

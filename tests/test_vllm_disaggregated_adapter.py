@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from otel_llm import semconv as sc
-from otel_llm.handoff import CARRIER_KEYS, KEY_ARRIVAL, KEY_PARENT, KEY_TAIL, KEY_TRACEPARENT
+from otel_llm.hooks.handoff import CARRIER_KEYS, KEY_ARRIVAL, KEY_PARENT, KEY_TAIL, KEY_TRACEPARENT
 from otel_llm.integrations.vllm import disaggregated as pd
 from otel_llm.integrations.vllm.adapter import VLLMAdapter
 from otel_llm.integrations.vllm.instrumentor import VLLMInstrumentor

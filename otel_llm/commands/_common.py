@@ -128,10 +128,10 @@ def check_environment(command: str) -> None:
     protocol and exporter kinds, ``OTEL_LLM_TAIL_SAMPLING*``, ``OTEL_LLM_TRACE_DETAIL``), before torch is
     imported or a worker started, so a typo costs no start-up time and gives no traceback.
     """
+    from otel_llm.emit.sampling import TailSampling
     from otel_llm.export import otlp
-    from otel_llm.sampling import TailSampling
+    from otel_llm.hooks.steps import resolve_detail
     from otel_llm.setup import ENV_SDK_DISABLED, shutdown_timeout
-    from otel_llm.steps import resolve_detail
 
     try:
         shutdown_timeout(None)

@@ -13,8 +13,9 @@ from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import Link, SpanContext, TraceFlags
 
-from otel_llm import identity, semconv
-from otel_llm.clock import Clock
+from otel_llm import semconv
+from otel_llm.hooks import identity
+from otel_llm.hooks.clock import Clock
 
 if TYPE_CHECKING:
     from otel_llm.engine.scheduler import Scheduler

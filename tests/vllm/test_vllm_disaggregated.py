@@ -23,7 +23,7 @@ from engine_tier import MODEL_DIR, MODEL_NAME, engine_env, latest_points, needs_
 from otlp_receivers import HttpReceiver, attributes
 
 from otel_llm import semconv as sc
-from otel_llm.handoff import CARRIER_KEYS, KEY_PARENT, KEY_TRACEPARENT
+from otel_llm.hooks.handoff import CARRIER_KEYS, KEY_PARENT, KEY_TRACEPARENT
 
 pytestmark = needs_engine
 

@@ -30,6 +30,7 @@ from typing import Any
 from opentelemetry import context as otel_context
 
 from otel_llm import semconv as sc
+from otel_llm.hooks.options import DEFAULT_MAX_AGE_S, DEFAULT_MAX_IN_FLIGHT
 from otel_llm.integrations.vllm import disaggregated as pd
 from otel_llm.integrations.vllm.choices import Choices
 from otel_llm.integrations.vllm.engine_state import (
@@ -40,7 +41,6 @@ from otel_llm.integrations.vllm.engine_state import (
 )
 from otel_llm.integrations.vllm.identity import RequestIdentity, identify
 from otel_llm.integrations.vllm.rescheduling import Reschedulings
-from otel_llm.tracker_options import DEFAULT_MAX_AGE_S, DEFAULT_MAX_IN_FLIGHT
 
 _log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from otel_llm import semconv as sc
-from otel_llm.handoff import CARRIER_KEYS, KEY_ARRIVAL, KEY_TRACEPARENT
+from otel_llm.hooks.handoff import CARRIER_KEYS, KEY_ARRIVAL, KEY_TRACEPARENT
 
 KV_TRANSFER_PARAMS = "kv_transfer_params"  # the key in SamplingParams.extra_args
 DO_REMOTE_DECODE = "do_remote_decode"

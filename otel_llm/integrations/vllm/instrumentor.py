@@ -208,7 +208,6 @@ class VLLMInstrumentor:
                     options.setdefault("model", model)
                     options.setdefault("operation_name", operation)
                     options["role"] = role  # the request's part decides, not an instance-wide option
-                    options["span_hook"] = _client_request_id(options.get("span_hook"))
                     if cls._server is not None:  # vllm serve: its answers name the served model ...
                         server = dict(cls._server)
                         if model and not cls._lora:  # ... or, with LoRA on, a request's adapter
@@ -246,21 +245,6 @@ def _configure_if_asked(options: dict[str, Any]) -> None:
         atexit.register(VLLMInstrumentor.telemetry.shutdown)
     options.setdefault("tracer_provider", VLLMInstrumentor.telemetry.tracer_provider)
     options.setdefault("meter_provider", VLLMInstrumentor.telemetry.meter_provider)
-
-
-def _client_request_id(user_hook: Callable[..., None] | None) -> Callable[..., None]:
-    """A span hook putting the client's id back on ``llm.request.id`` (the tracker writes its own key,
-    vLLM's internal id, which stays on the span as ``vllm.request.id``); then the user's hook."""
-
-    def span_hook(span: Any, finished: Any) -> None:
-        attributes = finished.timeline.attributes
-        client_id = attributes.get(sc.LLM_REQUEST_ID) if attributes else None
-        if client_id is not None:
-            span.set_attribute(sc.LLM_REQUEST_ID, client_id)
-        if user_hook is not None:
-            user_hook(span, finished)
-
-    return span_hook
 
 
 class _UnlessHandled(logging.StreamHandler):  # type: ignore[type-arg]

@@ -11,7 +11,7 @@ built. The rules, in the order they are asked (the first that keeps a trace name
 - ``parent_sampled``: the caller's parent span (W3C ``traceparent`` or a local span) was sampled, so the
   caller's trace would otherwise miss a subtree;
 - ``prefill_kept``: on a decode instance, the prefill instance kept the request's spans (its decision
-  travels in the hand-off carrier, ``otel_llm.handoff``), so the trace keeps both halves;
+  travels in the hand-off carrier, ``otel_llm.hooks.handoff``), so the trace keeps both halves;
 - ``ratio``: a share ``ratio`` of the rest, chosen by trace id (the low 64 bits below ``ratio * 2**64``,
   as the SDK's ``TraceIdRatioBased``), so every process of a trace agrees.
 
@@ -38,9 +38,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from otel_llm import semconv as sc
-from otel_llm.identity import parent_span_context
-from otel_llm.intervals import Intervals
-from otel_llm.timeline import FinishedRequest
+from otel_llm.emit.intervals import Intervals
+from otel_llm.record import RequestRecord
 
 ENV_TAIL_SAMPLING = "OTEL_LLM_TAIL_SAMPLING"
 ENV_RATIO = "OTEL_LLM_TAIL_SAMPLING_RATIO"
@@ -107,6 +106,20 @@ class TailSampling:
         return cls(**values)
 
 
+def resolve_tail(value: TailSampling | bool | None) -> TailSampling | None:
+    """``RequestTracker(tail_sampling=...)``: a ``TailSampling``, True (the defaults), False (off), or None
+    (``OTEL_LLM_TAIL_SAMPLING*``); None when every trace is kept. TypeError for anything else."""
+    if value is None:
+        return TailSampling.from_env()
+    if value is True:
+        return TailSampling()
+    if value is False:
+        return None
+    if not isinstance(value, TailSampling):
+        raise TypeError(f"tail_sampling must be a TailSampling, False or None, got {type(value).__name__}")
+    return value
+
+
 def _env_number(env: Any, name: str) -> float | None:
     raw = env.get(name, "").strip()
     if not raw:
@@ -126,42 +139,40 @@ class TailSampler:
         self._lock = threading.Lock()
         self.decisions: dict[tuple[str, str], int] = {}
 
-    def keep(self, fin: FinishedRequest, iv: Intervals) -> bool:
+    def keep(self, rec: RequestRecord, iv: Intervals) -> bool:
         """Whether the request's spans are built; the decision is counted."""
-        reason = self._reason(fin, iv)
+        reason = self._reason(rec, iv)
         decision = DROP if reason is None else KEEP
         key = (decision, reason or REASON_RATIO)
         with self._lock:
             self.decisions[key] = self.decisions.get(key, 0) + 1
         return reason is not None
 
-    def would_keep(self, fin: FinishedRequest, iv: Intervals) -> bool:
+    def would_keep(self, rec: RequestRecord, iv: Intervals) -> bool:
         """What ``keep()`` would decide, without counting a decision."""
-        return self._reason(fin, iv) is not None
+        return self._reason(rec, iv) is not None
 
-    def _reason(self, fin: FinishedRequest, iv: Intervals) -> str | None:
-        tl = fin.timeline
+    def _reason(self, rec: RequestRecord, iv: Intervals) -> str | None:
         s = self.settings
-        if fin.reason in sc.FAILED_REASONS:
+        if rec.reason in sc.FAILED_REASONS:
             return REASON_ERROR
-        if tl.preemptions:
+        if rec.preemptions:
             return REASON_PREEMPTED
         if s.ttft_s is not None and iv.ttft is not None and iv.ttft > s.ttft_s:
             return REASON_SLOW_TTFT
         if s.e2e_s is not None and iv.e2e is not None and iv.e2e > s.e2e_s:
             return REASON_SLOW_E2E
-        if tl.parent is not None:
-            parent = parent_span_context(tl.parent)
-            if parent is not None and parent.trace_flags.sampled:
-                return REASON_PARENT_SAMPLED
-        if tl.prefill_kept:
+        parent = rec.parent
+        if parent is not None and parent[2] & 0x01:  # the parent's trace flags: sampled
+            return REASON_PARENT_SAMPLED
+        if rec.prefill_kept:
             return REASON_PREFILL_KEPT
-        if (tl.trace_id & _LOW_64) < self._bound:
+        if (rec.trace_id & _LOW_64) < self._bound:
             return REASON_RATIO
         return None
 
     def observe(self) -> list[tuple[float, dict[str, Any]]]:
-        """``otel_llm.sampling.decisions`` points (run in the metric reader's thread)."""
+        """``otel_llm.emit.sampling.decisions`` points (run in the metric reader's thread)."""
         with self._lock:
             items = list(self.decisions.items())
         return [

@@ -1,20 +1,10 @@
-"""What a preemption cost in work: the tokens the engine computed again when it rescheduled a preempted
-request, and the tokens of that request it found in its prefix cache then.
-
-An engine reports its prefix-cache hits at a rescheduling (R_k) as it does at the first scheduling:
-``scheduled(ids, cached_tokens=[...])``. A recompute rebuilds the request's whole context, its prompt
-and the output tokens it produced before the preemption (P_k), so
-
-    recompute tokens = prompt tokens + output tokens at P_k - cached tokens
-
-which is the reference engine's and vLLM's ``num_tokens - num_computed_tokens`` right after they
-rescheduled the request. Every count here is in tokens. The figure is what the rescheduling set out to
-compute: a recompute cut short by another preemption keeps it, and the next rescheduling counts its own
-context again (the work lost twice is counted twice, as the engine pays it twice).
+"""What a preemption cost in work, as the trace and the metrics show it: each rescheduling's recomputed
+and cached tokens (``otel_llm.hooks.recompute`` derives them on the hook side; the record carries them).
 
 Spans: ``llm.recompute`` carries the figures of its preemption, ``llm.request`` their sums over all of
 its preemptions (also those past the span cap). Metrics: two counters, added to when the request ends,
-from the same figures, so over the requests that ended they equal the sums on their spans.
+from the same figures, so over the requests that ended they equal the sums on their spans. Every count
+is in tokens.
 """
 
 from __future__ import annotations
@@ -22,29 +12,19 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from otel_llm import semconv as sc
-from otel_llm.timeline import Preemption
+from otel_llm.record import Preemption
 
-
-def reschedule(p: Preemption, prompt_tokens: int | None, output_tokens: int, cached: int) -> bool:
-    """Record on ``p`` what its rescheduling cost: ``cached`` tokens found in the prefix cache, and the
-    rest of the context (``prompt_tokens`` + ``output_tokens`` before P_k) to compute. Without the
-    prompt's length only the cached figure is known. Returns False when the engine reported more cached
-    tokens than the context holds (its count and ours disagree); the recompute is then taken as 0."""
-    p.cached_tokens = cached
-    if prompt_tokens is None:
-        return True
-    context = prompt_tokens + output_tokens
-    p.recompute_tokens = context - cached if cached <= context else 0
-    return cached <= context
+_CACHED, _RECOMPUTE = 5, 6  # the fields of a record's Preemption tuple
 
 
 def span_attributes(p: Preemption) -> dict[str, int] | None:
     """The attributes of the preemption's ``llm.recompute`` span (None when nothing was reported)."""
-    if p.cached_tokens is None:
+    cached, recompute = p[_CACHED], p[_RECOMPUTE]
+    if cached is None:
         return None
-    if p.recompute_tokens is None:
-        return {sc.LLM_RECOMPUTE_CACHED_TOKENS: p.cached_tokens}
-    return {sc.LLM_RECOMPUTE_TOKENS: p.recompute_tokens, sc.LLM_RECOMPUTE_CACHED_TOKENS: p.cached_tokens}
+    if recompute is None:
+        return {sc.LLM_RECOMPUTE_CACHED_TOKENS: cached}
+    return {sc.LLM_RECOMPUTE_TOKENS: recompute, sc.LLM_RECOMPUTE_CACHED_TOKENS: cached}
 
 
 def totals(preemptions: Iterable[Preemption]) -> tuple[int | None, int | None]:
@@ -52,14 +32,14 @@ def totals(preemptions: Iterable[Preemption]) -> tuple[int | None, int | None]:
     figure no preemption reported."""
     recompute = cached = None
     for p in preemptions:
-        if p.cached_tokens is not None:
-            cached = (cached or 0) + p.cached_tokens
-        if p.recompute_tokens is not None:
-            recompute = (recompute or 0) + p.recompute_tokens
+        if p[_CACHED] is not None:
+            cached = (cached or 0) + p[_CACHED]
+        if p[_RECOMPUTE] is not None:
+            recompute = (recompute or 0) + p[_RECOMPUTE]
     return recompute, cached
 
 
-def request_attributes(preemptions: list[Preemption]) -> dict[str, int]:
+def request_attributes(preemptions: Iterable[Preemption]) -> dict[str, int]:
     """The sums on ``llm.request``: ``llm.preemptions.recompute.tokens`` / ``.cached_tokens``."""
     recompute, cached = totals(preemptions)
     attrs: dict[str, int] = {}
@@ -95,7 +75,7 @@ class RecomputeCounters:
             counter=True,
         )
 
-    def add(self, preemptions: list[Preemption]) -> None:
+    def add(self, preemptions: Iterable[Preemption]) -> None:
         """Count one ended request's preemptions. Caller holds the metrics' lock."""
         recompute, cached = totals(preemptions)
         if recompute is not None:

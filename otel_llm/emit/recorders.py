@@ -1,11 +1,11 @@
 """How one latency value is recorded, and which request span it links to as an exemplar.
 
 A latency metric has one recorder per attribute set: a ``Latency`` (otel_llm's own bucket histogram,
-handed to the SDK's readers by ``otel_llm.sdk_bridge``) or an ``InstrumentLatency`` (an OpenTelemetry
+handed to the SDK's readers by ``otel_llm.emit.sdk_bridge``) or an ``InstrumentLatency`` (an OpenTelemetry
 histogram instrument, for a provider that shapes the metric itself); ``InstrumentBulk`` is the
 inter-token latency through an instrument. Values are seconds (monotonic differences); exemplar times
 are wall-clock nanoseconds of the request's end. Each recorder is guarded by the lock its owner holds
-when adding (``otel_llm.metrics``); ``renew_lock`` gives it a fresh one in a forked child.
+when adding (``otel_llm.emit.metrics``); ``renew_lock`` gives it a fresh one in a forked child.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 from opentelemetry.context import Context
 from opentelemetry.trace import NonRecordingSpan, SpanContext, set_span_in_context
 
-from otel_llm.histogram import BucketHistogram, HistogramSource, SpanRef
+from otel_llm.emit.histogram import BucketHistogram, HistogramSource, SpanRef
 
 # The SDK's variable for its exemplar filter; read for the exemplars otel_llm keeps itself when the
 # provider's own filter cannot be known (no SDK provider yet).

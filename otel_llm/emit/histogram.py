@@ -3,7 +3,7 @@
 Every histogram otel_llm exports is counted here. Inter-token latency has one sample per request per
 engine step, and a finished request has up to nine latency values; recording each through the SDK
 (``Histogram.record``, a few microseconds with exemplar sampling) would cost more than building the
-request's spans. Here a sample costs a bisect and a few increments, and ``otel_llm.sdk_bridge`` hands
+request's spans. Here a sample costs a bisect and a few increments, and ``otel_llm.emit.sdk_bridge`` hands
 the totals to every reader of an SDK MeterProvider as ordinary histogram points. Bucket semantics match
 OpenTelemetry's explicit buckets: bucket i holds values in
 (bounds[i-1], bounds[i]].

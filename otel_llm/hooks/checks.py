@@ -2,7 +2,7 @@
 saying what to pass.
 
 Odd data is not misuse: an unknown request, a timestamp out of order, a zero token count are counted as
-anomalies by the tracker instead (``otel_llm.anomalies``), and the engine's call returns as usual.
+anomalies by the tracker instead (``otel_llm.hooks.anomalies``), and the engine's call returns as usual.
 ``check_ids`` runs on every batch hook call, so its common case costs two class identity checks.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from otel_llm.engine_state import count
+from otel_llm.hooks.engine_state import count
 
 
 def check_ids(request_ids: Any) -> None:

@@ -18,7 +18,7 @@ a JSON header, vLLM's ``kv_transfer_params``, or HTTP headers):
   instance's ``queued`` is clamped and counted like any arrival after queued;
 - ``llm-tail-sampling``: ``keep`` or ``drop``, the prefill instance's tail-sampling decision for its
   spans (``keep`` when it does no tail sampling), so the decode instance keeps what it kept
-  (``otel_llm.sampling``, rule ``prefill_kept``).
+  (``otel_llm.emit.sampling``, rule ``prefill_kept``).
 
 The trackers' side: ``carrier_for`` makes a prefill instance's carrier (``handoff_carrier()``), and
 ``continue_request`` marks a decode instance's timeline of a request handed in (``queued(carrier=...)``).
@@ -37,15 +37,17 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
-from otel_llm import semconv as sc
-from otel_llm.clock import Clock
-from otel_llm.identity import format_traceparent, normalize_carrier, parent_span_context, parse_traceparent
-from otel_llm.intervals import Intervals
-from otel_llm.timeline import FinishedRequest, Timeline
+from otel_llm.hooks.clock import Clock
+from otel_llm.hooks.identity import (
+    format_traceparent,
+    normalize_carrier,
+    parent_span_context,
+    parse_traceparent,
+)
+from otel_llm.hooks.timeline import Timeline
 
 if TYPE_CHECKING:
-    from otel_llm.identity import TraceIdentity
-    from otel_llm.sampling import TailSampler
+    from otel_llm.hooks.identity import TraceIdentity
 
 KEY_TRACEPARENT = "traceparent"
 KEY_PARENT = "llm-request-parent"
@@ -144,22 +146,11 @@ def _arrival(headers: Mapping[str, str], clock: Clock) -> float | None:
     return arrival if math.isfinite(arrival) else None
 
 
-def remote_request_context(trace_id: int, span_id: int, sampled: bool) -> Context:
-    """A context whose span is ``llm.request`` as seen from the other instance (remote)."""
-    flags = TraceFlags(0x01 if sampled else 0x00)
-    ctx = SpanContext(trace_id, span_id, is_remote=True, trace_flags=flags)
-    return trace.set_span_in_context(NonRecordingSpan(ctx))
-
-
-def carrier_for(tl: Timeline, traceparent: str, tail: TailSampler | None, clock: Clock) -> dict[str, str]:
+def carrier_for(tl: Timeline, traceparent: str, kept: bool, clock: Clock) -> dict[str, str]:
     """A prefill instance's carrier of the request ``tl`` in flight; ``traceparent``: the header of its
-    ``llm.request`` span. ``tail``: the tracker's tail sampler, None when it keeps every trace."""
-    # Tail sampling decides now what kv_sent() will: on a prefill instance no rule depends on the
-    # transfer (a handed-off request has no TTFT or e2e here), so the decision travels with it.
-    kept = True
-    if tail is not None:
-        fin = FinishedRequest(tl, tl.last_event, sc.REASON_HANDED_OFF, None, handed_off=True)
-        kept = tail.would_keep(fin, Intervals(fin))
+    ``llm.request`` span; ``kept``: whether this instance keeps the request's spans (tail sampling
+    decides at the hand-off what ``kv_sent()`` will: no rule depends on the transfer on a prefill
+    instance, so the decision travels with it)."""
     return make_carrier(traceparent, parent_span_context(tl.parent), tl.arrival, clock, kept)
 
 

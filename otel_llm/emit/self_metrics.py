@@ -1,24 +1,33 @@
 """What a tracker reports about itself: requests in flight by state, lifecycle anomalies by kind,
-requests evicted, and tail-sampling decisions.
+requests abandoned, and tail-sampling decisions.
 
-Observable instruments: the hooks only keep plain numbers in the in-flight registry
-(``otel_llm.inflight``), read here in the metric reader's thread at collection time.
+Observable instruments, read in the metric reader's thread at collection time from the tracker's
+figures (``otel_llm.record.Figures``: plain numbers the hook side keeps, with the anomalies the emit
+side met counted among them) and from the tail sampler's decisions.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from otel_llm import semconv as sc
+from otel_llm.record import Figures
 
 if TYPE_CHECKING:
-    from otel_llm.inflight import InFlight
-    from otel_llm.metrics import RequestMetrics
-    from otel_llm.sampling import TailSampler
+    from otel_llm.emit.metrics import RequestMetrics
+    from otel_llm.emit.sampling import TailSampler
 
 
-def register(metrics: RequestMetrics, registry: InFlight, tail: TailSampler | None) -> None:
-    """The tracker's own instruments on its ``metrics``; ``registry``: the tracker, read at collection."""
+def register(
+    metrics: RequestMetrics,
+    figures: Callable[[], Figures],
+    tail: TailSampler | None,
+    before_collection: Callable[[], None],
+) -> None:
+    """The tracker's own instruments on ``metrics``. ``figures``: the tracker's figures now;
+    ``before_collection``: run first at each collection (a provider set since: its next collection has
+    our histograms)."""
     if tail is not None:
         metrics.observe(
             sc.METRIC_SAMPLING_DECISIONS,
@@ -29,8 +38,8 @@ def register(metrics: RequestMetrics, registry: InFlight, tail: TailSampler | No
         )
 
     def active() -> list[tuple[float, dict[str, Any]]]:
-        metrics.resolve(registry._adopt_itl)  # a provider set since: its next collection has our histograms
-        waiting, running, preempted = registry._states
+        before_collection()
+        waiting, running, preempted = figures().states
         return [
             (waiting, {sc.LLM_REQUEST_STATE: sc.STATE_WAITING}),
             (running, {sc.LLM_REQUEST_STATE: sc.STATE_RUNNING}),
@@ -38,9 +47,7 @@ def register(metrics: RequestMetrics, registry: InFlight, tail: TailSampler | No
         ]
 
     def anomalies() -> list[tuple[float, dict[str, Any]]]:
-        with registry._lock:  # read when called: a forked child's registry has a new lock
-            counts = list(registry._anomalies.counts.items())
-        return [(n, {sc.LLM_ANOMALY_KIND: kind}) for kind, n in counts]
+        return [(n, {sc.LLM_ANOMALY_KIND: kind}) for kind, n in figures().anomalies.items()]
 
     metrics.observe(sc.METRIC_ACTIVE, sc.UNIT_REQUEST, "Requests in flight by state", active, counter=False)
     metrics.observe(
@@ -50,6 +57,6 @@ def register(metrics: RequestMetrics, registry: InFlight, tail: TailSampler | No
         sc.METRIC_EVICTED,
         sc.UNIT_REQUEST,
         "Requests closed as evicted (never finished)",
-        lambda: [(registry._evicted, {})],
+        lambda: [(figures().abandoned, {})],
         counter=True,
     )

@@ -1,6 +1,6 @@
 """The seam between otel_llm's own histograms and the OpenTelemetry SDK's metric readers.
 
-otel_llm counts its histograms itself (``otel_llm.histogram``): an SDK ``Histogram.record`` costs
+otel_llm counts its histograms itself (``otel_llm.emit.histogram``): an SDK ``Histogram.record`` costs
 microseconds, and inter-token latency has a sample per request per engine step. Those counts must reach
 every reader of the user's SDK ``MeterProvider`` (periodic readers with any exporter,
 ``InMemoryMetricReader``, ``PrometheusMetricReader``, readers added later, the provider
@@ -48,9 +48,9 @@ from opentelemetry.sdk.metrics.view import DefaultAggregation, ExplicitBucketHis
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_llm._version import __version__
-from otel_llm.histogram import BucketHistogram, HistogramSnapshot, HistogramSource
+from otel_llm.emit.histogram import BucketHistogram, HistogramSnapshot, HistogramSource
+from otel_llm.emit.meter_providers import owners_for
 from otel_llm.logs import warn_once
-from otel_llm.meter_providers import owners_for
 
 _log = logging.getLogger("otel_llm")
 

@@ -20,8 +20,8 @@ from typing import Any
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from otel_llm import meter_providers
 from otel_llm._version import __version__
+from otel_llm.emit import meter_providers
 
 _log = logging.getLogger("otel_llm")
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import logging
 
+from otel_llm.record import ANOMALY_FINISH_FAILED, ANOMALY_SPAN_HOOK_FAILED
+
 _log = logging.getLogger("otel_llm")
 
 UNKNOWN_REQUEST = "unknown_request"  # an event for a request never queued, or already finished
@@ -22,8 +24,9 @@ TIMESTAMP_REGRESSION = "timestamp_regression"  # earlier than the request's prev
 BAD_TIMESTAMP = "bad_timestamp"  # NaN or infinite: replaced by now
 ARRIVAL_AFTER_QUEUED = "arrival_after_queued"  # clamped to queued
 BAD_TOKEN_COUNT = "bad_token_count"  # zero, negative or not an int in tokens(counts=...): event skipped
-FINISH_FAILED = "finish_failed"  # building spans or metrics raised: logged, the engine goes on
-SPAN_HOOK_FAILED = "span_hook_failed"  # the user's span_hook raised: logged once, span still exported
+# Building a request's record, spans or metrics raised: logged, the engine goes on.
+FINISH_FAILED = ANOMALY_FINISH_FAILED
+SPAN_HOOK_FAILED = ANOMALY_SPAN_HOOK_FAILED  # the user's span_hook raised: logged once, span still exported
 ATTRIBUTE_DROPPED = "attribute_dropped"  # see otel_llm.attributes
 ATTRIBUTE_TRUNCATED = "attribute_truncated"
 # More preemptions than the tracker draws spans for: the rest are summarised on llm.request.

@@ -1,4 +1,4 @@
-"""Trace detail levels, and the engine steps behind the ``steps`` level.
+"""Trace detail levels, and the engine steps the hook side remembers for the ``steps`` level.
 
 Three levels, one setting (``RequestTracker(trace_detail=...)`` or ``OTEL_LLM_TRACE_DETAIL``):
 
@@ -20,19 +20,13 @@ from __future__ import annotations
 import os
 from collections import deque
 from collections.abc import Iterator
-from typing import Any
 
-from otel_llm import semconv as sc
-from otel_llm.timeline import FinishedRequest
+from otel_llm.hooks.timeline import FinishedRequest
+from otel_llm.record import DETAIL_PHASES, DETAILS, MAX_STEP_SPANS, StepRow
 
-DETAIL_REQUEST = "request"
-DETAIL_PHASES = "phases"
-DETAIL_STEPS = "steps"
-DETAILS = (DETAIL_REQUEST, DETAIL_PHASES, DETAIL_STEPS)
 ENV_TRACE_DETAIL = "OTEL_LLM_TRACE_DETAIL"
 
 STEP_LOG_SIZE = 4096  # engine steps remembered (about 4096 * 100 bytes)
-MAX_STEP_SPANS = 16  # llm.engine.step spans per request
 
 
 def resolve_detail(value: str | None) -> str:
@@ -136,10 +130,11 @@ def longest(steps: list[tuple[float, StepRecord]], cap: int) -> list[tuple[float
     return [steps[i] for i in sorted(chosen)]
 
 
-def step_attributes(record: StepRecord) -> dict[str, Any]:
-    attrs: dict[str, Any] = {sc.LLM_STEP_INDEX: record.index, sc.LLM_STEP_BATCH_SIZE: record.batch_size}
-    if record.tokens is not None:
-        attrs[sc.LLM_STEP_TOKENS] = record.tokens
-    if record.kv_cache_usage is not None:
-        attrs[sc.LLM_STEP_KV_CACHE_USAGE] = record.kv_cache_usage
-    return attrs
+def rows(fin: FinishedRequest, recent: list[StepRecord]) -> tuple[int, tuple[StepRow, ...]]:
+    """The record's ``steps``: how many logged steps the request ran in, and the longest
+    ``MAX_STEP_SPANS`` of them as plain rows (``otel_llm.record.StepRow``), in time order."""
+    steps = of_request(fin, recent)
+    chosen = longest(steps, MAX_STEP_SPANS)
+    return len(steps), tuple(
+        (t0, r.ts, r.index, r.batch_size, r.tokens, r.kv_cache_usage) for t0, r in chosen
+    )

@@ -5,7 +5,7 @@ requests in flight (oldest first), how many are in each state, the previous ``to
 steady batch, the anomaly counts, and what every hook records an event with: the checked timestamp, the
 clamp that keeps a request's events in order, scheduling, the tokens path for anything but the plain
 continuation of the previous step, adding and ending requests, and eviction. Only numbers are recorded
-here; a request that ends goes to the finishing pipeline (``otel_llm.finish``) outside the lock.
+here; a request that ends is handed on (as its record, ``otel_llm.hooks.produce``) outside the lock.
 
 Threads: the methods for one request's events take ``_lock`` themselves; the bookkeeping the hooks
 share runs with it held by the caller (each section says which). Clock: ``time.monotonic()`` seconds.
@@ -21,11 +21,11 @@ import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from otel_llm import anomalies as an
 from otel_llm import semconv as sc
-from otel_llm.checks import check_cached_tokens
-from otel_llm.recompute import reschedule
-from otel_llm.timeline import PREEMPTED, RUNNING, WAITING, FinishedRequest, Preemption, Step, Timeline
+from otel_llm.hooks import anomalies as an
+from otel_llm.hooks.checks import check_cached_tokens
+from otel_llm.hooks.recompute import reschedule
+from otel_llm.hooks.timeline import PREEMPTED, RUNNING, WAITING, FinishedRequest, Preemption, Step, Timeline
 
 _monotonic = time.monotonic
 _INF = math.inf
@@ -51,8 +51,8 @@ class InFlight:
 
     ``max_in_flight``: requests kept at most; past it the oldest is evicted. ``max_age_s``: a request in
     flight longer than this (monotonic seconds since queued) is evicted. The tracker sets ``_itl`` (the
-    inter-token latency histogram the tokens path adds gaps to, under ``_lock``) and ``_finish`` (its
-    finishing pipeline, called without the lock), and has the ``scheduled`` hook.
+    inter-token latency recorder the tokens path adds gaps to, under ``_lock``) and ``_finish`` (hands a
+    finished request on, called without the lock), and has the ``scheduled`` hook.
     """
 
     _itl: Any
@@ -265,10 +265,6 @@ class InFlight:
             out.append(FinishedRequest(tl, max(now, tl.last_event), sc.REASON_EVICTED, None))
         return out
 
-    def _adopt_itl(self, itl: Any) -> None:
-        """Called under self._lock when the metrics moved to another provider's recorders."""
-        self._itl = itl
-
     # --- without the lock ---------------------------------------------------------------------------
 
     def _timestamp(self, ts: Any) -> float:
@@ -297,7 +293,7 @@ class InFlight:
             self._finish(fin)
 
     def _note(self, kind: str, request_id: Any) -> None:
-        """Count an anomaly from outside the lock (the finishing pipeline), and log it once."""
+        """Count an anomaly from outside the lock (a finished request's hand-on), and log it once."""
         with self._lock:
             self._anomalies.note(kind, request_id)
         self._anomalies.log_pending()

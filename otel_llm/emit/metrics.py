@@ -1,12 +1,12 @@
-"""A finished request -> its metric values, counted by otel_llm itself under one short lock.
+"""A finished request's record -> its metric values, counted by otel_llm itself under one short lock.
 
 Nothing here calls the OpenTelemetry SDK on the request path when it can be avoided: an SDK
 ``Histogram.record`` costs microseconds (attribute hashing, exemplar sampling, its own locks), and a
 request has about ten latency values plus an inter-token gap per engine step. So, by provider:
 
-- an SDK ``MeterProvider`` (the usual case): every histogram is an ``otel_llm.histogram.BucketHistogram``
+- an SDK ``MeterProvider`` (the usual case): every histogram is an ``otel_llm.emit.histogram.BucketHistogram``
   (one per attribute set; each bucket keeps the latest exemplar of a request span) and
-  ``otel_llm.sdk_bridge`` hands the counts to each of the provider's readers at collection time. A
+  ``otel_llm.emit.sdk_bridge`` hands the counts to each of the provider's readers at collection time. A
   metric the SDK would shape differently (a View matches it, a reader prefers another aggregation) is
   recorded through a real SDK histogram instead, so the View applies exactly;
 - any other API implementation: plain API histograms, one ``record`` per value (correct, slower);
@@ -15,9 +15,9 @@ request has about ten latency values plus an inter-token gap per engine step. So
 
 The counters are plain ints read by observable counters, which work with any MeterProvider.
 
-Values are seconds (monotonic differences, see ``otel_llm.intervals``); exemplar times are wall-clock
+Values are seconds (monotonic differences, see ``otel_llm.emit.intervals``); exemplar times are wall-clock
 nanoseconds of the request's end. The recorder of one attribute set and the exemplar filter are
-``otel_llm.recorders``. Only the OpenTelemetry API is imported here; the SDK bridge is imported when
+``otel_llm.emit.recorders``. Only the OpenTelemetry API is imported here; the SDK bridge is imported when
 the provider is an SDK one, which means the SDK is loaded already.
 """
 
@@ -30,14 +30,14 @@ from typing import Any
 from opentelemetry import metrics
 from opentelemetry.trace import NonRecordingSpan, SpanContext, set_span_in_context
 
-from otel_llm import meter_providers
 from otel_llm import semconv as sc
 from otel_llm._version import __version__
-from otel_llm.histogram import BucketHistogram, HistogramSource
-from otel_llm.intervals import Intervals
-from otel_llm.observables import ObserveFn, Observer, observe
-from otel_llm.recompute import RecomputeCounters
-from otel_llm.recorders import (
+from otel_llm.emit import meter_providers
+from otel_llm.emit.histogram import BucketHistogram, HistogramSource
+from otel_llm.emit.intervals import Intervals
+from otel_llm.emit.observables import ObserveFn, Observer, observe
+from otel_llm.emit.recompute import RecomputeCounters
+from otel_llm.emit.recorders import (
     ExemplarRef,
     InstrumentBulk,
     InstrumentLatency,
@@ -46,7 +46,7 @@ from otel_llm.recorders import (
     create_histogram,
     env_exemplar_mode,
 )
-from otel_llm.timeline import FinishedRequest
+from otel_llm.record import RequestRecord
 
 # (attribute, metric name, bucket boundaries, description) of each request-level latency histogram.
 _LATENCIES = (
@@ -101,8 +101,9 @@ _ITL_DESCRIPTION = "Inter-token latency: gap between consecutive tokens events"
 class RequestMetrics:
     """The metrics of one tracker. ``base`` attributes go on every point.
 
-    ``itl`` is the inter-token latency histogram the tracker's hot path adds to, under ``itl_lock`` (the
-    tracker's own lock); every other histogram is guarded by this object's lock.
+    ``itl`` and ``step_tokens_recorder`` are what the tracker's hot path adds inter-token gaps and
+    tokens per step to, under ``itl_lock`` (the tracker's own lock); every other histogram is guarded by
+    this object's lock.
     """
 
     def __init__(
@@ -162,17 +163,17 @@ class RequestMetrics:
 
     # --- which recorders, for which provider ----------------------------------------------------------
 
-    def resolve(self, adopt_itl: Callable[[Any], None]) -> None:
+    def resolve(self, adopt: Callable[[Any, Any], None]) -> None:
         """Re-check the provider the metrics reach (the global one may have been set since). When the
-        recorders change, ``adopt_itl(new_itl)`` is called under the tracker's lock, so the hot path
-        moves to the new inter-token histogram without losing a sample. Cheap when nothing changed."""
+        recorders change, ``adopt(itl, step_tokens)`` is called under the tracker's lock, so the hot path
+        moves to the new per-step recorders without losing a sample. Cheap when nothing changed."""
         target = meter_providers.resolve(self._given)
         if target is self._resolved:
             return
         with self._itl_lock, self._lock:
             if target is not self._resolved:
                 self._setup(target)
-                adopt_itl(self.itl)
+                adopt(self.itl, self.step_tokens_recorder)
 
     def _setup(self, target: Any) -> None:
         """Make the recorders for ``target`` (caller holds both locks, or is the constructor)."""
@@ -181,7 +182,7 @@ class RequestMetrics:
         meter = None
         exemplars: Any = env_exemplar_mode()
         if kind == "sdk":
-            from otel_llm import sdk_bridge
+            from otel_llm.emit import sdk_bridge
 
             names = [name for _, name, _, _ in _LATENCIES] + [sc.METRIC_ITL]
             if sdk_bridge.attach(target):
@@ -204,7 +205,10 @@ class RequestMetrics:
         for attr, name, buckets, desc in _LATENCIES:
             previous = getattr(self, attr, None)
             if name in instrument_for or not isinstance(previous, Latency):
-                setattr(self, attr, self._recorder(name, buckets, desc, self._base, self._lock))
+                # Tokens per step are added on the hot path, under the tracker's lock.
+                lock = self._itl_lock if attr == "step_tokens" else self._lock
+                setattr(self, attr, self._recorder(name, buckets, desc, self._base, lock))
+        self.step_tokens_recorder = PerStep(self.step_tokens)
         # Failed requests' durations carry error.type: one recorder per distinct value, made on first use.
         failed: dict[str, Any] = getattr(self, "_failed_duration", {})
         self._failed_duration = {
@@ -273,32 +277,25 @@ class RequestMetrics:
         lock = self._lock = threading.Lock()
         self._itl_lock = itl_lock
         for attr, _, _, _ in _LATENCIES:
-            getattr(self, attr).renew_lock(lock)
+            getattr(self, attr).renew_lock(itl_lock if attr == "step_tokens" else lock)
         for latency in self._failed_duration.values():
             latency.renew_lock(lock)
         self.itl._lock = itl_lock
 
     # --- recording ----------------------------------------------------------------------------------
 
-    def record(
-        self,
-        fin: FinishedRequest,
-        iv: Intervals,
-        span: SpanContext | None,
-        error_type: str | None,
-        time_ns: int,
-    ) -> None:
+    def record(self, rec: RequestRecord, iv: Intervals, span: SpanContext | None, time_ns: int) -> None:
         """Every value docs/lifecycle.md defines for this request; TTFT and TPOT skip failed requests.
 
         ``span``: the request span's context, whose ids become the exemplars when the exemplar filter
         lets them (by default: when the span is sampled). ``time_ns``: wall-clock time of the request's
         end, the exemplars' time.
         """
-        tl = fin.timeline
-        reason = fin.reason if fin.reason in sc.KNOWN_FINISH_REASONS else sc.REASON_OTHER
+        reason = rec.reason if rec.reason in sc.KNOWN_FINISH_REASONS else sc.REASON_OTHER
+        error_type = rec.error_type
         with self._lock:
             ref = self._exemplar_ref(span, time_ns)
-            if not fin.handed_off:  # request-level values: the instance where the request ends
+            if not rec.handed_off:  # request-level values: the instance where the request ends
                 (self.duration if error_type is None else self._failed(error_type)).add(iv.e2e, ref)
                 self.requests[reason] = self.requests.get(reason, 0) + 1
             if iv.queue is not None:
@@ -314,22 +311,22 @@ class RequestMetrics:
                     self.tpot.add(iv.tpot, ref)
             if iv.kv_transfer is not None:
                 self.kv_transfer.add(iv.kv_transfer, ref)
-            if tl.kv_bytes:
-                self.kv_bytes += tl.kv_bytes
-            if tl.preemptions:
-                self.preemptions += len(tl.preemptions)
-                self.recompute_work.add(tl.preemptions)
-                end = fin.finished
-                for p in tl.preemptions:
-                    resumed = p.rescheduled
-                    self.preempted.add((resumed if resumed is not None else end) - p.preempted, ref)
-                    if resumed is not None and p.recomputed is not None:
-                        self.recompute.add(p.recomputed - resumed, ref)
-            if fin.handed_off:
+            if rec.kv_bytes:
+                self.kv_bytes += rec.kv_bytes
+            preemptions = rec.preemptions
+            if preemptions:
+                self.preemptions += len(preemptions)
+                self.recompute_work.add(preemptions)
+                end = rec.finished
+                for preempted, _, _, resumed, recomputed, _, _ in preemptions:
+                    self.preempted.add((resumed if resumed is not None else end) - preempted, ref)
+                    if resumed is not None and recomputed is not None:
+                        self.recompute.add(recomputed - resumed, ref)
+            if rec.handed_off:
                 return  # its tokens are counted once, by the decode instance that finishes it
-            if tl.prompt_tokens:
-                self.input_tokens += tl.prompt_tokens
-            self.output_tokens += tl.output_tokens
+            if rec.prompt_tokens:
+                self.input_tokens += rec.prompt_tokens
+            self.output_tokens += rec.output_tokens
 
     def _exemplar_ref(self, span: SpanContext | None, time_ns: int) -> Any:
         """What the recorders link a sample to: a (time, trace id, span id) triple for bucket histograms,
@@ -373,6 +370,20 @@ class RequestMetrics:
 
     def _observe_kv_bytes(self) -> list[tuple[float, dict[str, Any]]]:
         return [(self.kv_bytes, {})] if self.kv_bytes else []
+
+
+class PerStep:
+    """A latency recorder as the tracker's hot path calls it (``add(value, n)``, no exemplar): tokens per
+    step, one sample per engine step."""
+
+    __slots__ = ("latency",)
+
+    def __init__(self, latency: Latency | InstrumentLatency) -> None:
+        self.latency = latency
+
+    def add(self, value: float, n: int = 1) -> None:
+        for _ in range(n):
+            self.latency.add(value, None)
 
 
 def _unit(name: str) -> str:

@@ -1,4 +1,5 @@
-"""The derived latency values of a finished request (vLLM V1's rules; docs/lifecycle.md, "Values").
+"""The derived latency values of a finished request's record (vLLM V1's rules; docs/lifecycle.md,
+"Values").
 
 All values are seconds computed from monotonic timestamps; None where the request never reached the
 point that defines the value. Spans (as ``llm.latency.*`` attributes) and metrics use the same numbers.
@@ -7,7 +8,7 @@ point that defines the value. Spans (as ``llm.latency.*`` attributes) and metric
 from __future__ import annotations
 
 from otel_llm import semconv as sc
-from otel_llm.timeline import FinishedRequest
+from otel_llm.record import RequestRecord
 
 
 class Intervals:
@@ -29,36 +30,35 @@ class Intervals:
 
     __slots__ = ("decode", "e2e", "failed", "inference", "kv_transfer", "prefill", "queue", "tpot", "ttft")
 
-    def __init__(self, fin: FinishedRequest) -> None:
-        tl = fin.timeline
-        s1, first, last = tl.first_scheduled, tl.first_token, fin.last_token
-        self.failed = fin.reason in sc.FAILED_REASONS
-        self.e2e: float | None = fin.finished - tl.arrival
-        self.queue = None if s1 is None else s1 - tl.queued
+    def __init__(self, rec: RequestRecord) -> None:
+        s1, first, last = rec.first_scheduled, rec.first_token, rec.last_token
+        self.failed = rec.reason in sc.FAILED_REASONS
+        self.e2e: float | None = rec.finished - rec.arrival
+        self.queue = None if s1 is None else s1 - rec.queued
         self.kv_transfer: float | None = None
         self.prefill: float | None = None
         self.decode: float | None = None
         self.inference: float | None = None
         self.ttft: float | None = None
         self.tpot: float | None = None
-        if fin.handed_off:
-            self.kv_transfer = fin.finished - (first if first is not None else tl.last_event)
+        if rec.handed_off:
+            self.kv_transfer = rec.finished - (first if first is not None else rec.last_event)
             self.prefill = None if first is None or s1 is None else first - s1
             self.e2e = None
             return
-        if tl.handed_in:
-            ready = tl.queued if tl.kv_done is None else tl.kv_done
-            if tl.kv_done is not None:
-                self.kv_transfer = tl.kv_done - tl.queued
+        if rec.handed_in:
+            ready = rec.queued if rec.kv_done is None else rec.kv_done
+            if rec.kv_done is not None:
+                self.kv_transfer = rec.kv_done - rec.queued
             self.queue = None if s1 is None else s1 - ready
         if first is None or s1 is None or last is None:
             return
         self.prefill = first - s1
         self.decode = last - first
         self.inference = last - s1
-        self.ttft = first - tl.arrival
-        self.tpot = self.decode / (tl.output_tokens - 1) if tl.output_tokens > 1 else None
-        if tl.handed_in:
+        self.ttft = first - rec.arrival
+        self.tpot = self.decode / (rec.output_tokens - 1) if rec.output_tokens > 1 else None
+        if rec.handed_in:
             self.prefill = None
             self.decode = self.inference
 

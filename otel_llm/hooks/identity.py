@@ -1,14 +1,11 @@
 """A request's trace identity, fixed at ``queued`` so ``traceparent()`` works while the request runs.
 
-Spans are built only when a request finishes, but a client may want the trace id at once. So the root
-span's trace id and span id are drawn at ``queued``, from the tracer provider's own ``id_generator``
-(X-Ray and other custom generators included), and when the spans are built the SDK tracer is made to use
-exactly those ids and exactly one sampling decision:
-
-- ``PresetIds`` wraps the SDK tracer's ``id_generator`` (a public attribute of the SDK ``Tracer``) and
-  hands out the preset pair once, on the building thread, otherwise deferring to the original;
-- ``PresetSampler`` wraps the tracer's ``sampler`` the same way: the request's sampler decision is taken
-  once (by ``traceparent()`` or at build time, whichever comes first) and replayed for the root span.
+Spans are built only when a request finishes (by the emit side, maybe in another process), but a client
+may want the trace id at once. So the request span's trace id and span id are drawn at ``queued``, from
+the tracer provider's own ``id_generator`` (X-Ray and other custom generators included), and when a
+sampling decision is needed before the request ends (``traceparent()``, a hand-off) the provider's
+sampler is asked once; the ids and that decision travel in the request's record
+(``otel_llm.record.RequestRecord``), so the exported spans carry exactly what the client was given.
 
 Parents come from a W3C carrier (remote) or the caller's active span (local). ``TraceIdentity`` holds
 a tracker's decisions (ids, the one sampling decision, the request span's flags); ``parse_traceparent``
@@ -20,7 +17,6 @@ from __future__ import annotations
 import logging
 import os
 import random
-import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -29,75 +25,14 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import ProxyTracer, SpanContext, SpanKind, TraceFlags
 
 from otel_llm import semconv as sc
+from otel_llm.record import DROP, RECORD_AND_SAMPLE, Parent, Sampling
 
 if TYPE_CHECKING:
-    from otel_llm.timeline import Timeline
+    from otel_llm.hooks.timeline import Timeline
 
 _log = logging.getLogger(__name__)
 
 _TRACEPARENT_VERSION = "00"
-
-
-class PresetIds:
-    """An IdGenerator that returns a preset trace id / span id once, then defers to ``inner``."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self._local = threading.local()
-
-    def preset(self, trace_id: int, span_id: int) -> None:
-        self._local.trace_id = trace_id
-        self._local.span_id = span_id
-
-    def clear(self) -> None:
-        self._local.trace_id = self._local.span_id = None
-
-    def generate_trace_id(self) -> int:
-        trace_id = getattr(self._local, "trace_id", None)
-        if trace_id is None:
-            return self.inner.generate_trace_id()
-        self._local.trace_id = None
-        return trace_id
-
-    def generate_span_id(self) -> int:
-        span_id = getattr(self._local, "span_id", None)
-        if span_id is None:
-            return self.inner.generate_span_id()
-        self._local.span_id = None
-        return span_id
-
-    def is_trace_id_random(self) -> bool:
-        probe = getattr(self.inner, "is_trace_id_random", None)  # absent from older SDKs' generators
-        return bool(probe()) if probe is not None else False
-
-
-class PresetSampler:
-    """A Sampler that replays a preset ``SamplingResult`` once, on this thread, then defers to ``inner``.
-
-    The tracer calls ``should_sample`` when the root span is started; replaying the decision taken for
-    ``traceparent()`` keeps the sampler to one call per request and the exported flags equal to the
-    ones the client was given.
-    """
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self._local = threading.local()
-
-    def preset(self, result: Any) -> None:
-        self._local.result = result
-
-    def clear(self) -> None:
-        self._local.result = None
-
-    def should_sample(self, *args: Any, **kwargs: Any) -> Any:
-        result = getattr(self._local, "result", None)
-        if result is None:
-            return self.inner.should_sample(*args, **kwargs)
-        self._local.result = None
-        return result
-
-    def get_description(self) -> str:
-        return self.inner.get_description()
 
 
 # Ids come from a generator of our own, seeded from the OS, not from the `random` module's shared one:
@@ -208,95 +143,90 @@ def format_traceparent(trace_id: int, span_id: int, flags: int) -> str:
 
 class TraceIdentity:
     """A tracker's trace-identity decisions on its tracer: a request's ids (drawn at ``queued``), its one
-    sampling decision, and the flags its request span gets (for ``traceparent()`` and the spans alike).
+    sampling decision when one is needed before the request ends, and the flags its request span gets.
 
-    ``ids`` / ``sampler``: the SDK tracer's id generator and sampler, wrapped once by ``PresetIds`` /
-    ``PresetSampler``; None on a tracer that has neither (not the SDK's)."""
+    The SDK tracer's ``id_generator`` and ``sampler`` are public attributes; a tracer that has neither
+    (not the SDK's, or the global proxy before a provider is set) gets ids of otel_llm's own and no
+    decision here (the emit side's tracer decides when it builds the spans)."""
 
     def __init__(self, tracer: Any) -> None:
         self._tracer = tracer
         self._resolved: Any = None
-        self.ids: PresetIds | None = None
-        self.sampler: PresetSampler | None = None
+        self._generator: Any = None
+        self._sampler: Any = None
 
-    def tracer(self) -> Any:
-        """The SDK tracer behind a proxy, with PresetIds / PresetSampler installed once."""
+    def _sdk(self) -> tuple[Any, Any]:
+        """(id generator, sampler) of the SDK tracer behind a proxy, or (None, None)."""
         tracer = self._tracer._tracer if isinstance(self._tracer, ProxyTracer) else self._tracer
         if tracer is not self._resolved:
             self._resolved = tracer
             generator = getattr(tracer, "id_generator", None)
             sampler = getattr(tracer, "sampler", None)
             if generator is None or sampler is None:
-                self.ids = self.sampler = None
-            else:
-                if not isinstance(generator, PresetIds):
-                    generator = tracer.id_generator = PresetIds(generator)
-                if not isinstance(sampler, PresetSampler):
-                    sampler = tracer.sampler = PresetSampler(sampler)
-                self.ids, self.sampler = generator, sampler
-        return tracer
+                generator = sampler = None
+            self._generator, self._sampler = generator, sampler
+        return self._generator, self._sampler
 
     def new_ids(self, parent: SpanContext | None) -> tuple[int, int]:
         """(trace id, span id) of a new request span, from the tracer provider's id generator."""
-        self.tracer()
-        ids = self.ids
-        if ids is None:
+        generator, _ = self._sdk()
+        if generator is None:
             return (parent.trace_id if parent is not None else new_trace_id()), new_span_id()
-        trace_id = parent.trace_id if parent is not None else ids.inner.generate_trace_id()
-        return trace_id, ids.inner.generate_span_id()
+        trace_id = parent.trace_id if parent is not None else generator.generate_trace_id()
+        return trace_id, generator.generate_span_id()
 
-    def decide(self, tl: Timeline, attributes: dict[str, Any]) -> Any:
-        """The sampler's result for the request span, asked once per request (None: no SDK sampler).
+    def decide(self, tl: Timeline, attributes: dict[str, Any]) -> Sampling | None:
+        """The sampler's decision for the request span, asked once per request (None: no SDK sampler).
 
-        Kept with the attribute names the sampler saw, so a replay can tell the ones it added."""
-        if tl.sampling is None and self.sampler is not None:
-            result = self.sampler.inner.should_sample(
-                tl.parent, tl.trace_id, sc.SPAN_REQUEST, request_kind(tl), attributes
-            )
-            tl.sampling = (result, frozenset(attributes))
-        return tl.sampling[0] if tl.sampling is not None else None
+        Kept on the timeline in the record's plain form (``otel_llm.record.Sampling``): the decision, the
+        attributes the sampler added beyond ``attributes``, and its trace state."""
+        if tl.sampling is None:
+            _, sampler = self._sdk()
+            if sampler is not None:
+                result = sampler.should_sample(
+                    tl.parent, tl.trace_id, sc.SPAN_REQUEST, request_kind(tl), attributes
+                )
+                added = {k: v for k, v in (result.attributes or {}).items() if k not in attributes}
+                state = result.trace_state
+                tl.sampling = (
+                    int(result.decision.value),
+                    added or None,
+                    tuple(state.items()) if state else None,
+                )
+        return tl.sampling
 
-    def sampled(self, tl: Timeline, attributes: dict[str, Any]) -> bool:
-        """Whether the request's trace is sampled (its parent's flag where no SDK sampler decides)."""
-        result = self.decide(tl, attributes)
-        if result is not None:
-            return bool(result.decision.is_sampled())
-        parent = parent_span_context(tl.parent)
-        return parent is None or bool(parent.trace_flags.sampled)
-
-    def flags(self, parent: SpanContext | None, sampled: bool) -> int:
-        """The trace flags the SDK gives a span under ``parent``: sampled, and W3C's random-trace-id
-        flag from the id generator (a new trace) or the parent, where the SDK sets it."""
-        flags = 0x01 if sampled else 0x00
+    def random_trace_id(self, parent: SpanContext | None) -> bool:
+        """Whether the request span gets W3C's random-trace-id flag, where the SDK sets it: from the id
+        generator for a new trace, from the parent otherwise."""
+        if not RANDOM_TRACE_ID_FLAG:
+            return False
         if parent is None:
-            random_id = self.ids is not None and self.ids.is_trace_id_random()
-        else:
-            random_id = bool(getattr(parent.trace_flags, "random_trace_id", False))
-        return flags | RANDOM_TRACE_ID_FLAG if random_id else flags
+            generator, _ = self._sdk()
+            probe = getattr(generator, "is_trace_id_random", None)  # absent from older SDKs' generators
+            return bool(probe()) if probe is not None else False
+        return bool(getattr(parent.trace_flags, "random_trace_id", False))
 
     def traceparent(self, tl: Timeline, attributes: dict[str, Any]) -> str:
         """The W3C traceparent of the request's root span, with the flags the SDK gives that span.
         ``attributes``: those known so far."""
-        self.tracer()
         parent = parent_span_context(tl.parent)
-        result = self.decide(tl, attributes)
-        if result is not None:
-            sampled = result.decision.is_sampled()
+        decided = self.decide(tl, attributes)
+        if decided is not None:
+            sampled = decided[0] == RECORD_AND_SAMPLE
         else:
             sampled = bool(parent is not None and parent.trace_flags.sampled)
-        return format_traceparent(tl.trace_id, tl.span_id, self.flags(parent, sampled))
+        flags = 0x01 if sampled else 0x00
+        if self.random_trace_id(parent):
+            flags |= RANDOM_TRACE_ID_FLAG
+        return format_traceparent(tl.trace_id, tl.span_id, flags)
 
     def continue_sampling(self, tl: Timeline, sampled: bool) -> None:
         """Take the sampling decision of a request handed in by a prefill instance, whose sampler
         already decided it (the flag of the carried traceparent): the trace is sampled on both sides
         or on neither, and this instance's sampler is not asked."""
-        self.tracer()
-        if self.sampler is None:
-            return
-        from opentelemetry.sdk.trace.sampling import Decision, SamplingResult  # an SDK tracer: loaded
-
-        decision = Decision.RECORD_AND_SAMPLE if sampled else Decision.DROP
-        tl.sampling = (SamplingResult(decision, None, None), frozenset())
+        _, sampler = self._sdk()
+        if sampler is not None:
+            tl.sampling = (RECORD_AND_SAMPLE if sampled else DROP, None, None)
 
 
 def request_kind(tl: Timeline) -> SpanKind:
@@ -306,10 +236,15 @@ def request_kind(tl: Timeline) -> SpanKind:
     return SpanKind.INTERNAL if parent is not None and not parent.is_remote else SpanKind.SERVER
 
 
-def replay(decided: tuple[Any, frozenset[str]], attributes: dict[str, Any]) -> Any:
-    """The decision taken earlier, carrying the root span's full attributes: the SDK starts the span
-    with the result's attributes, and a decision taken by traceparent() saw only those known then.
-    Attributes the sampler added itself are kept."""
-    result, seen = decided
-    extra = {k: v for k, v in (result.attributes or {}).items() if k not in seen}
-    return type(result)(result.decision, {**attributes, **extra}, result.trace_state)
+def plain_parent(parent: SpanContext | None) -> Parent | None:
+    """A parent span context in the record's plain form (``otel_llm.record.Parent``)."""
+    if parent is None:
+        return None
+    state = parent.trace_state
+    return (
+        parent.trace_id,
+        parent.span_id,
+        int(parent.trace_flags),
+        bool(parent.is_remote),
+        tuple(state.items()) if state else (),
+    )

@@ -227,7 +227,7 @@ class Open:
 
 
 class RequestSpans:
-    """One request's spans on the direct path: the emitter ``otel_llm.spans`` walks the trace with."""
+    """One request's spans on the direct path: the emitter ``otel_llm.emit.spans`` walks the trace with."""
 
     __slots__ = ("_flags", "_sdk", "_state", "_trace_id", "wall_ns")
 

@@ -2,8 +2,9 @@
 
 Attribute values an OpenTelemetry span accepts are str, bool, int, float, or a homogeneous sequence of
 them. Anything else is dropped; strings are cut; past a count the rest is dropped. Every drop or cut
-is counted (``otel_llm.anomalies``, kinds below) so a caller sending oversized data notices. None of
-these attributes reaches a metric: metric attributes are a fixed allow-list, so cardinality stays bounded.
+is counted (the ``otel_llm.anomalies`` self-metric, kinds below) so a caller sending oversized data
+notices. None of these attributes reaches a metric: metric attributes are a fixed allow-list, so
+cardinality stays bounded.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from otel_llm.anomalies import ATTRIBUTE_DROPPED, ATTRIBUTE_TRUNCATED
+from otel_llm.hooks.anomalies import ATTRIBUTE_DROPPED, ATTRIBUTE_TRUNCATED
 
 MAX_ATTRIBUTES = 32  # user attributes kept per request
 MAX_VALUE_LENGTH = 1024  # characters kept of a string value (and of each string in a sequence)
