@@ -172,6 +172,7 @@ METRIC_ANOMALIES = "otel_llm.anomalies"
 METRIC_EVICTED = "otel_llm.requests.evicted"
 METRIC_DROPPED_SPANS = "otel_llm.export.spans.dropped"
 METRIC_DROPPED_POINTS = "otel_llm.export.metric_points.dropped"
+METRIC_DROPPED_RECORDS = "otel_llm.export.records.dropped"  # finished requests lost before the export process
 METRIC_QUEUE_DEPTH = "otel_llm.export.queue.depth"
 METRIC_SAMPLING_DECISIONS = "otel_llm.sampling.decisions"  # tail sampling at finished(), by decision / reason
 

@@ -11,6 +11,14 @@ Where each signal goes:
 - ``OTEL_TRACES_EXPORTER`` / ``OTEL_METRICS_EXPORTER`` = ``none``: nowhere; ``file``: files even when an
   endpoint is set. ``OTEL_SDK_DISABLED=true`` turns everything off (no-op providers, no files).
 
+Where otel_llm's own spans and metric values are built and exported (``export_mode=`` or
+``OTEL_LLM_EXPORT_MODE``): ``process`` (the default), an export process beside the engine's, fed with
+each finished request's record (``otel_llm.export.channel``): the engine's process pays a few
+microseconds per request, not the spans' building and encoding; ``in_process``: in the engine's process,
+on the thread that finishes the request. Either way the providers returned serve identity (a request's
+ids, the sampler's decision for ``traceparent()``) and whatever else the application traces and
+measures, exported from the engine's process.
+
 Example::
 
     import otel_llm
@@ -40,6 +48,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 
+from otel_llm.export import channel as export_channel
 from otel_llm.export import otlp
 from otel_llm.export.counting import (
     CountingBatchSpanProcessor,
@@ -76,6 +85,7 @@ def configure(
     resource_attributes: Mapping[str, Any] | None = None,
     shutdown_timeout_s: float | None = None,
     views: Sequence[View] = (),
+    export_mode: str | None = None,
 ) -> Telemetry:
     """Build tracer and meter providers from the environment and return their handle.
 
@@ -93,11 +103,16 @@ def configure(
             ``OTEL_LLM_SHUTDOWN_TIMEOUT``, else 5.
         views: metric views; they apply to otel_llm's histograms too (new bucket boundaries, a rename,
             ``DropAggregation``, exponential buckets): a histogram a View matches is recorded through an
-            SDK histogram, at the SDK's cost per value.
+            SDK histogram, at the SDK's cost per value. Views keep otel_llm's telemetry in this process
+            (export mode ``in_process``).
+        export_mode: ``process`` (otel_llm's spans and metric values built and exported by an export
+            process beside this one, started when the first request finishes) or ``in_process``; default
+            ``OTEL_LLM_EXPORT_MODE``, else ``process``. Trackers on the returned providers (or on the
+            global ones, when this call set them) and without a ``span_hook`` use it.
 
     Raises:
-        ValueError: an unsupported ``OTEL_EXPORTER_OTLP_*PROTOCOL`` or ``OTEL_*_EXPORTER`` value, or a bad
-            shutdown timeout. Nothing is built in that case.
+        ValueError: an unsupported ``OTEL_EXPORTER_OTLP_*PROTOCOL``, ``OTEL_*_EXPORTER`` or export mode
+            value, or a bad shutdown timeout. Nothing is built in that case.
 
     Sampling (``OTEL_TRACES_SAMPLER`` / ``_ARG``), the metric export interval
     (``OTEL_METRIC_EXPORT_INTERVAL``, ms) and the batch span processor (``OTEL_BSP_*``) are read by the
@@ -105,6 +120,8 @@ def configure(
     """
     global _global_telemetry
     timeout_s = shutdown_timeout(shutdown_timeout_s)
+    mode = export_channel.export_mode(export_mode) or export_channel.MODE_PROCESS
+    max_queue = export_channel.queue_size()
     with _global_lock:
         if set_global and _global_telemetry is not None and not _global_telemetry.is_shutdown:
             _logger.warning(
@@ -123,9 +140,37 @@ def configure(
                     ENV_CONFIG_FILE,
                 )
             telemetry = _build(service_name, output_dir, resource_attributes, timeout_s, views)
+        if mode == export_channel.MODE_PROCESS and not views and not _disabled():
+            _export_beside(telemetry, service_name, output_dir, resource_attributes, timeout_s, max_queue)
         if set_global and _install_global(telemetry):
             _global_telemetry = telemetry
         return telemetry
+
+
+def _export_beside(
+    telemetry: Telemetry,
+    service_name: str | None,
+    output_dir: str | os.PathLike[str] | None,
+    resource_attributes: Mapping[str, Any] | None,
+    timeout_s: float,
+    max_queue: int,
+) -> None:
+    """Give ``telemetry`` an export process for otel_llm's own spans and metrics (started on first use),
+    set up as this call's pipeline: the same settings, and this process's environment as it is now."""
+    directory = telemetry.output_dir if telemetry.output_dir is not None else output_dir
+    settings = {
+        "service_name": service_name,
+        "output_dir": None if directory is None else str(directory),
+        "resource_attributes": dict(resource_attributes) if resource_attributes else {},
+        "shutdown_timeout_s": timeout_s,
+    }
+    channel = export_channel.ExportChannel(settings, dict(os.environ), max_queue)
+    export_channel.register(telemetry.tracer_provider, telemetry.meter_provider, channel)
+    telemetry.attach_channel(channel)
+
+
+def _disabled() -> bool:
+    return os.environ.get(ENV_SDK_DISABLED, "").strip().lower() == "true"
 
 
 def _build(
@@ -135,7 +180,7 @@ def _build(
     timeout_s: float,
     views: Sequence[View],
 ) -> Telemetry:
-    if os.environ.get(ENV_SDK_DISABLED, "").strip().lower() == "true":
+    if _disabled():
         _logger.info("otel_llm: %s=true, telemetry is off", ENV_SDK_DISABLED)
         return Telemetry(
             trace.NoOpTracerProvider(), metrics.NoOpMeterProvider(), shutdown_timeout_s=timeout_s

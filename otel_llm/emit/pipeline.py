@@ -118,8 +118,11 @@ class Emitter:
         if self._producer is not None:
             self._metrics.renew_lock(self._producer.lock)
 
-    def _resolve(self) -> None:
+    def resolve(self) -> None:
+        """Settle which meter provider the metrics reach (the global one may have been set since)."""
         self._metrics.resolve(self._adopt)
+
+    _resolve = resolve
 
     def _adopt(self, itl: Any, step_tokens: Any) -> None:
         """The metrics moved to another provider's recorders: the hot path follows (lock held)."""

@@ -112,7 +112,8 @@ class DeliveryReport:
     the shutdown. Plain data: a worker process that exports on its own sends it to the process that
     tells the user (``otel-llm serve --disaggregated``, ``otel-llm demo --disaggregated``)."""
 
-    counts: dict[str, tuple[int, dict[str, int]]] = field(default_factory=dict)  # by "spans", "metric_points"
+    # by "spans", "metric_points" and "requests"
+    counts: dict[str, tuple[int, dict[str, int]]] = field(default_factory=dict)
     in_time: bool = True  # shutdown() finished within its timeout
 
     def delivery(self, signal: str) -> tuple[int, dict[str, int]]:
@@ -150,7 +151,18 @@ class Telemetry:
         self._exporters = list(exporters)
         self._lock = threading.Lock()
         self._shutdown_result: bool | None = None
+        self.channel: Any = None  # otel_llm.export.channel.ExportChannel, in export mode "process"
         atexit.register(self._shutdown_at_exit)
+
+    def attach_channel(self, channel: Any) -> None:
+        """Export mode ``process``: otel_llm's telemetry goes through ``channel``'s export process, which
+        ``force_flush`` and ``shutdown`` flush and stop within the same bound, and ``delivery`` counts."""
+        self.channel = channel
+
+    @property
+    def export_mode(self) -> str:
+        """``process`` (otel_llm's spans and metrics leave through an export process) or ``in_process``."""
+        return "in_process" if self.channel is None else "process"
 
     @property
     def is_shutdown(self) -> bool:
@@ -166,7 +178,12 @@ class Telemetry:
             return False
         budget = self.shutdown_timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + budget
-        late = _run_until(self._provider_calls("force_flush", budget), deadline)
+        calls = self._provider_calls("force_flush", budget)
+        failed: list[str] = []
+        if self.channel is not None:
+            call = functools.partial(self._channel_call, "flush", budget, failed)
+            calls.append(("export process flush", call))
+        late = _run_until(calls, deadline) + [(name, None) for name in failed]
         if late:
             _logger.warning(
                 "otel_llm: %s did not finish within %.1f s", ", ".join(n for n, _ in late), budget
@@ -186,7 +203,13 @@ class Telemetry:
                 return self._shutdown_result
             budget = self.shutdown_timeout_s if timeout_s is None else timeout_s
             deadline = time.monotonic() + budget
-            late = _run_until(self._provider_calls("shutdown", budget), deadline)
+            calls = self._provider_calls("shutdown", budget)
+            failed: list[str] = []
+            if self.channel is not None:
+                call = functools.partial(self._channel_call, "shutdown", budget, failed)
+                calls.append(("export process shutdown", call))
+            late = _run_until(calls, deadline)
+            late += [(name, None) for name in failed]
             if late:
                 _logger.warning(
                     "otel_llm: %s did not finish within %.1f s (collector unreachable or slow?); "
@@ -200,22 +223,38 @@ class Telemetry:
                 self._abort_exporters(grace_ends)
                 # Told to stop, the exports in flight return now; waiting for them (within the same
                 # grace) lets delivery() count their batches as lost rather than miss them.
-                _join(late, grace_ends)
+                _join([(name, thread) for name, thread in late if thread is not None], grace_ends)
             self._shutdown_result = not late
             atexit.unregister(self._shutdown_at_exit)
             return self._shutdown_result
 
     def delivery(self, signal: str) -> tuple[int, dict[str, int]]:
-        """``(delivered, {reason: lost})`` for ``"spans"`` or ``"metric_points"``, reasons with a loss only.
+        """``(delivered, {reason: lost})`` for ``"spans"``, ``"metric_points"`` or ``"requests"``, reasons
+        with a loss only.
 
-        Delivered counts what exports accepted (the collector, or the files). Losses are those of
-        ``drops``; after ``shutdown()``, spans also count as ``unsent_at_shutdown`` when they were still
-        queued as the pipeline stopped (ended, but neither exported nor counted lost otherwise).
+        Delivered counts what exports accepted (the collector, or the files), here and in the export
+        process. Losses are those of ``drops`` and the export process's; after ``shutdown()``, spans also
+        count as ``unsent_at_shutdown`` when they were still queued as the pipeline stopped (ended, but
+        neither exported nor counted lost otherwise). ``requests`` (export mode ``process``): finished
+        requests the export process completed, and those lost before it (``queue_full``,
+        ``export_process_exited``).
         """
+        remote = self.channel.delivery() if self.channel is not None else {}
+        if signal == "requests":
+            done, losses = remote.get("requests", (0, {}))
+            return done, {reason: n for reason, n in losses.items() if n}
         delivered = self.drops.delivered(signal)
         lost = {reason: n for reason, n in self.drops.by_reason(signal).items() if n}
+        ended = self.drops.spans_ended
+        if signal in remote:
+            there, there_lost, there_ended = remote[signal]
+            delivered += there
+            ended += there_ended
+            for reason, n in there_lost.items():
+                if n:
+                    lost[reason] = lost.get(reason, 0) + n
         if signal == "spans" and self.is_shutdown:
-            unsent = self.drops.spans_ended - delivered - sum(lost.values())
+            unsent = ended - delivered - sum(lost.values())
             if unsent > 0:
                 lost[REASON_UNSENT] = unsent
         return delivered, lost
@@ -223,7 +262,12 @@ class Telemetry:
     def delivery_report(self) -> DeliveryReport:
         """Shut down (a no-op when already done), then what was delivered and lost, as plain data."""
         in_time = self.shutdown()
-        return DeliveryReport({s: self.delivery(s) for s in ("spans", "metric_points")}, in_time)
+        return DeliveryReport({s: self.delivery(s) for s in ("spans", "metric_points", "requests")}, in_time)
+
+    def _channel_call(self, method: str, budget_s: float, failed: list[str]) -> None:
+        """The export process's flush or shutdown; its name in ``failed`` when it did not finish in time."""
+        if not getattr(self.channel, method)(budget_s):
+            failed.append(f"export process {method}")
 
     def _provider_calls(self, method: str, budget_s: float) -> list[tuple[str, Callable[[], Any]]]:
         """``(name, call)`` for each provider that has ``method``; no-op providers have neither."""

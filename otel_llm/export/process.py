@@ -1,0 +1,270 @@
+"""The export process: records in from an engine's process, spans and metric values out over OTLP.
+
+Started by ``otel_llm.export.channel`` as ``python -m otel_llm.export.process READ_FD WRITE_FD`` (a new
+interpreter, never a fork of the engine), one per engine process. It builds its pipeline with
+``otel_llm.configure(export_mode="in_process")`` from the settings the engine's ``configure()`` was given
+and the environment the engine had then, and runs the emit side (``otel_llm.emit.pipeline.Emitter``, one
+per tracker of the engine) on what arrives: the same code that runs in the engine's process in the other
+mode, so the spans and metric points are the same.
+
+Messages (``otel_llm.record.wire``; each framed by ``otel_llm.export.frames``):
+
+- ``start`` {settings}: first, once: ``service_name``, ``output_dir``, ``resource_attributes``,
+  ``shutdown_timeout_s``, ``parent_pid``;
+- ``batch`` (first_seq, trackers, records, figures, losses): ``trackers`` new to this process as
+  (key, TrackerInfo fields, tail-sampling settings or None); ``records`` as (key, RequestRecord fields),
+  numbered from ``first_seq`` on; ``figures`` as (key, Figures fields), the per-step samples in them fed
+  to that tracker's recorders; ``losses``: the engine's own count of records lost, by reason;
+- ``flush`` id: export everything, answer ``flushed`` (id, in time, done, delivery);
+- ``stop`` timeout: shut the pipeline down within it, answer ``stopped`` (in time, done, delivery), exit.
+
+It answers ``ack`` (done, delivery) as records are done: ``done`` is the number of the last record all of
+whose spans have left the span pipeline (exported, or lost and counted), so the engine counts exactly the
+records in flight as lost if this process dies. ``delivery`` is the pipeline's counts
+(``otel_llm.export.counting.DropCounter``): delivered and lost spans and metric points.
+
+When the engine's process goes away (its end of the pipe closes, or this process is re-parented), it
+exports what it holds within the shutdown timeout and exits.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import sys
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from otel_llm.emit.pipeline import Emitter
+from otel_llm.emit.sampling import TailSampling
+from otel_llm.export.frames import FrameReader, write_frame
+from otel_llm.record import Figures, StepRecorder, TrackerInfo
+from otel_llm.record.wire import decode, encode, figures_from, info_from, record_from
+
+_log = logging.getLogger("otel_llm")
+
+ACK_EVERY_S = 0.1  # how often a changed ``done`` is told, besides after every batch
+PARENT_CHECK_S = 0.5
+
+
+class RemoteProducer:
+    """A tracker of the engine's process as its emitter here sees it (``otel_llm.record.Producer``):
+    its description, its latest figures, and the per-step samples replayed into the recorders."""
+
+    def __init__(self, info: TrackerInfo) -> None:
+        self.info = info
+        self._lock = threading.Lock()
+        self._figures = Figures((0, 0, 0), {}, 0, None, None, None, {}, None, [], [])
+        self._itl: StepRecorder | None = None
+        self._step_tokens: StepRecorder | None = None
+        self._noted: dict[str, int] = {}  # anomalies this process met, beside the engine's
+
+    @property
+    def lock(self) -> threading.Lock:
+        return self._lock
+
+    def figures(self, drain: bool = False) -> Figures:
+        latest = self._figures
+        if not self._noted:
+            return latest
+        anomalies = dict(latest.anomalies)
+        for kind, n in self._noted.items():
+            anomalies[kind] = anomalies.get(kind, 0) + n
+        return Figures(
+            latest.states,
+            anomalies,
+            latest.abandoned,
+            latest.kv_cache_usage,
+            latest.running,
+            latest.waiting,
+            latest.counters,
+            latest.prompt_tokens,
+            [],
+            [],
+        )
+
+    def use_recorders(self, itl: StepRecorder | None, step_tokens: StepRecorder | None) -> None:
+        self._itl, self._step_tokens = itl, step_tokens
+
+    def note(self, kind: str, request_id: Any) -> None:
+        with self._lock:
+            self._noted[kind] = self._noted.get(kind, 0) + 1
+        _log.debug("otel_llm export process: %s (request %r)", kind, request_id)
+
+    def update(self, figures: Figures) -> None:
+        """Figures from the engine: the latest values kept, the samples since the previous ones added."""
+        with self._lock:
+            itl, step = self._itl, self._step_tokens
+            if itl is not None:
+                for gap, n in figures.itl:
+                    itl.add(gap, n)
+            if step is not None:
+                for tokens in figures.step_tokens:
+                    step.add(tokens, 1)
+            self._figures = figures
+
+
+class ExportProcess:
+    """This process's pipeline and the emitters of the engine's trackers."""
+
+    def __init__(self, settings: dict[str, Any]) -> None:
+        import otel_llm
+
+        self.settings = settings
+        self.telemetry = otel_llm.configure(
+            service_name=settings.get("service_name"),
+            output_dir=settings.get("output_dir"),
+            set_global=False,
+            resource_attributes=settings.get("resource_attributes") or None,
+            shutdown_timeout_s=settings.get("shutdown_timeout_s"),
+            export_mode="in_process",
+        )
+        self.drops = self.telemetry.drops
+        self.producers: dict[int, RemoteProducer] = {}
+        self.emitters: dict[int, Emitter] = {}
+        self.losses: dict[str, int] = {}
+        # (record number, spans ended once it was emitted), oldest first, for the records not yet done.
+        self._pending: deque[tuple[int, int]] = deque()
+        self.done = 0  # the number of the last record done (records are numbered from 1)
+        self._told = -1
+
+    def batch(self, body: Any) -> None:
+        first_seq, trackers, records, figures, losses = body
+        for key, info_fields, tail in trackers:
+            self._tracker(key, info_from(info_fields), tail)
+        for key, fields in figures:
+            producer = self.producers.get(key)
+            if producer is not None:
+                producer.update(figures_from(fields))
+        drops, pending = self.drops, self._pending
+        seq = first_seq
+        for key, fields in records:
+            emitter = self.emitters.get(key)
+            if emitter is not None:
+                emitter.request(record_from(fields))
+            pending.append((seq, drops.spans_ended))
+            seq += 1
+        self.losses = dict(losses)
+
+    def _tracker(self, key: int, info: TrackerInfo, tail: Any) -> None:
+        if key in self.emitters:
+            return
+        settings = None if tail is None else TailSampling(*tail)
+        telemetry = self.telemetry
+        emitter = Emitter(telemetry.tracer_provider, telemetry.meter_provider, settings)
+        producer = self.producers[key] = RemoteProducer(info)
+        emitter.bind(producer)
+        self.emitters[key] = emitter
+        if len(self.emitters) == 1:
+            _register_losses(telemetry.meter_provider, self)
+
+    def settle(self) -> int:
+        """Records done so far: every span of theirs has left the span pipeline."""
+        drops, pending = self.drops, self._pending
+        left = drops.delivered("spans") + drops.total("spans")
+        while pending and pending[0][1] <= left:
+            self.done = pending.popleft()[0]
+        return self.done
+
+    def delivery(self) -> dict[str, Any]:
+        drops = self.drops
+        return {
+            "spans": (drops.delivered("spans"), drops.by_reason("spans"), drops.spans_ended),
+            "metric_points": (drops.delivered("metric_points"), drops.by_reason("metric_points"), 0),
+        }
+
+    def ack_if_changed(self, fd: int, force: bool = False) -> None:
+        done = self.settle()
+        if force or done != self._told:
+            self._told = done
+            write_frame(fd, encode("ack", (done, self.delivery())))
+
+    def flush(self, timeout_s: float) -> bool:
+        for emitter in self.emitters.values():
+            emitter.resolve()
+        return self.telemetry.force_flush(timeout_s)
+
+    def stop(self, timeout_s: float) -> bool:
+        return self.telemetry.shutdown(timeout_s)
+
+
+def _register_losses(meter_provider: Any, process: ExportProcess) -> None:
+    """``otel_llm.export.records.dropped``: records the engine's process lost before they got here."""
+    from opentelemetry.metrics import CallbackOptions, Observation
+
+    from otel_llm import semconv as sc
+    from otel_llm._version import __version__
+
+    def observe(options: CallbackOptions) -> list[Observation]:
+        return [Observation(n, {sc.EXPORT_DROP_REASON: reason}) for reason, n in process.losses.items()]
+
+    meter_provider.get_meter("otel_llm", __version__).create_observable_counter(
+        sc.METRIC_DROPPED_RECORDS,
+        callbacks=[observe],
+        unit="{request}",
+        description="Finished requests whose telemetry the engine's process lost before export, by reason",
+    )
+
+
+def serve(read_fd: int, write_fd: int) -> int:
+    """Run until the engine stops this process or goes away; the exit status."""
+    reader = FrameReader(read_fd)
+    process: ExportProcess | None = None
+    parent = os.getppid()
+    last_ack = last_parent_check = time.monotonic()
+    while True:
+        ready, _, _ = select.select([read_fd], [], [], ACK_EVERY_S)
+        ended = False
+        if ready:
+            ended = not reader.fill()
+        for frame in reader.frames():
+            kind, body = decode(frame)
+            if kind == "start":
+                process = ExportProcess(body)
+                parent = body.get("parent_pid", parent)
+            elif process is None:
+                continue
+            elif kind == "batch":
+                process.batch(body)
+                process.ack_if_changed(write_fd)
+            elif kind == "flush":
+                ok = process.flush(process.telemetry.shutdown_timeout_s)
+                done = process.settle()
+                write_frame(write_fd, encode("flushed", (body, ok, done, process.delivery())))
+            elif kind == "stop":
+                ok = process.stop(float(body))
+                done = process.settle()
+                write_frame(write_fd, encode("stopped", (ok, done, process.delivery())))
+                return 0
+        now = time.monotonic()
+        if process is not None and now - last_ack >= ACK_EVERY_S:
+            last_ack = now
+            process.ack_if_changed(write_fd)
+        if not ended and now - last_parent_check >= PARENT_CHECK_S:
+            last_parent_check = now
+            ended = os.getppid() != parent
+        if ended:  # the engine's process is gone: export what this process holds, then go
+            if process is not None:
+                process.stop(process.telemetry.shutdown_timeout_s)
+            return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print(
+            "usage: python -m otel_llm.export.process READ_FD WRITE_FD (started by otel_llm)", file=sys.stderr
+        )
+        return 2
+    read_fd, write_fd = int(args[0]), int(args[1])
+    try:
+        return serve(read_fd, write_fd)
+    except BrokenPipeError:  # the engine closed its end while this process answered
+        return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
