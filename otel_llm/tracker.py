@@ -31,7 +31,7 @@ from otel_llm.hooks.options import (
 from otel_llm.hooks.tracker import Tracker
 from otel_llm.record import RecordConsumer
 
-__all__ = ["RequestTracker", "SpanHook"]
+__all__ = ["RequestTracker", "SpanHook", "consumer_for"]
 
 
 class RequestTracker(Tracker):
@@ -90,15 +90,25 @@ class RequestTracker(Tracker):
         )
         if span_hook is not None and not callable(span_hook):
             raise TypeError(f"span_hook must be a callable (span, record) -> None, got {span_hook!r}")
-        consumer = _consumer(tracer_provider, meter_provider, tail, span_hook)
+        consumer = self._make_consumer(tracer_provider, meter_provider, tail, span_hook)
         super().__init__(options, tracer_provider, consumer)
         if isinstance(tracer_provider, trace.NoOpTracerProvider) and isinstance(
             meter_provider, metrics.NoOpMeterProvider
         ):
             self.telemetry_off()
 
+    def _make_consumer(
+        self,
+        tracer_provider: trace.TracerProvider | None,
+        meter_provider: metrics.MeterProvider | None,
+        tail: TailSampling | None,
+        span_hook: SpanHook | None,
+    ) -> RecordConsumer:
+        """Where this tracker's records go (see the module docstring); a subclass may wrap it."""
+        return consumer_for(tracer_provider, meter_provider, tail, span_hook)
 
-def _consumer(
+
+def consumer_for(
     tracer_provider: trace.TracerProvider | None,
     meter_provider: metrics.MeterProvider | None,
     tail: TailSampling | None,

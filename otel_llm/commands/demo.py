@@ -125,11 +125,8 @@ def run(args: argparse.Namespace) -> int:
     if problem is not None:
         raise SystemExit(f"otel-llm demo: {problem}")
 
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-    import otel_llm
     from otel_llm.commands.chat import ChatClient, make_chat_workload
+    from otel_llm.commands.local_copy import tracker_with_local_copy
     from otel_llm.commands.summary import summary_table
     from otel_llm.commands.view import emit, render_lines, terminal_width
     from otel_llm.engine import EngineConfig, LLMEngine, ModelConfig
@@ -148,14 +145,7 @@ def run(args: argparse.Namespace) -> int:
         step_spans=args.step_spans,
     )
     telemetry = configure_run("demo", args.output_dir)
-    spans = InMemorySpanExporter()
-    if hasattr(telemetry.tracer_provider, "add_span_processor"):  # absent when OTEL_SDK_DISABLED=true
-        telemetry.tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
-    tracker = otel_llm.RequestTracker(
-        tracer_provider=telemetry.tracer_provider,
-        meter_provider=telemetry.meter_provider,
-        model="otel-llm-tiny",
-    )
+    tracker, spans = tracker_with_local_copy(telemetry, model="otel-llm-tiny")
     engine = LLMEngine(
         config,
         tracker=tracker,
