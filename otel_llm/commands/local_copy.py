@@ -26,15 +26,11 @@ def tracker_with_local_copy(
 ) -> tuple[RequestTracker, InMemorySpanExporter]:
     """A ``RequestTracker`` on ``telemetry``'s providers, and the exporter holding a copy of its spans."""
     spans = InMemorySpanExporter()
+    providers = {"tracer_provider": telemetry.tracer_provider, "meter_provider": telemetry.meter_provider}
     if telemetry.export_mode == "in_process":
         if hasattr(telemetry.tracer_provider, "add_span_processor"):  # absent when OTEL_SDK_DISABLED=true
             telemetry.tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
-        tracker = RequestTracker(
-            tracer_provider=telemetry.tracer_provider,
-            meter_provider=telemetry.meter_provider,
-            **tracker_options,
-        )
-        return tracker, spans
+        return RequestTracker(**providers, **tracker_options), spans
     local = TracerProvider(resource=telemetry.tracer_provider.resource)
     local.add_span_processor(SimpleSpanProcessor(spans))
 
