@@ -179,8 +179,12 @@ def preemption_figures(preempted: SpanRecord, trace: RequestTrace) -> tuple[int 
 def _figure_texts(again: int | None, cached: int) -> list[str]:
     """The figures in words, the longest first: the first that fits beside the bar is written."""
     if again is None:
-        return [f"{cached} tokens cached", f"{cached} cached"]
-    return [f"{again} tokens recomputed, {cached} cached", f"{again} recomputed, {cached} cached"]
+        return [f"{cached} {_tokens(cached)} cached", f"{cached} cached"]
+    return [f"{again} {_tokens(again)} recomputed, {cached} cached", f"{again} recomputed, {cached} cached"]
+
+
+def _tokens(n: int) -> str:
+    return "token" if n == 1 else "tokens"
 
 
 def _write_beside(cells: list[Segment], texts: list[str]) -> bool:

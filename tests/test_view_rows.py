@@ -15,7 +15,7 @@ from otel_llm import semconv as sc
 from otel_llm.cli import main
 from tests.view_files import T0, file_spans, tracker_file
 
-FIGURES = re.compile(r"(\d+) tokens recomputed, (\d+) cached")
+FIGURES = re.compile(r"(\d+) tokens? recomputed, (\d+) cached")
 PROMPT = 20
 
 
