@@ -1,14 +1,16 @@
 """Replay the embedded default's OTLP JSON files into a collector over OTLP/HTTP.
 
-With no OTLP endpoint configured, otel_llm writes ./otel-llm-output/traces.jsonl and metrics.jsonl, one
-OTLP export request per line (OTLP/JSON: protobuf JSON with trace and span ids in hex). This script
-turns each line back into the protobuf request and POSTs it to the collector, which passes it on to
-Jaeger, Tempo and Prometheus as if it had just been exported:
+With no OTLP endpoint configured, otel_llm writes traces.jsonl and metrics.jsonl, one OTLP export
+request per line (OTLP/JSON: protobuf JSON with trace and span ids in hex), into a run folder such as
+./otel-llm-output/demo-<date>-<time>-<pid>/. This script turns each line back into the protobuf request
+and POSTs it to the collector, which passes it on to Jaeger, Tempo and Prometheus as if it had just been
+exported:
 
     docker compose -f collector-config/local/compose.yaml up -d
     python examples/replay_files.py                     # or: python examples/replay_files.py DIR
-    (DIR: a folder with the two files, e.g. a run folder of otel-llm demo / serve; a disaggregated run
-    folder sends its prefill/ and decode/ files)
+    (DIR: a run folder of otel-llm demo / serve or of an example, sent with every file below it, e.g. a
+    disaggregated run's prefill/ and decode/; without DIR, the newest run folder in ./otel-llm-output,
+    or $OTEL_LLM_OUTPUT_DIR, and it says which)
 
 It posts to $OTEL_EXPORTER_OTLP_ENDPOINT/v1/traces and /v1/metrics (default http://localhost:4318, the
 collector's OTLP/HTTP port). Spans keep their original timestamps: search Jaeger at the time they ran.
@@ -81,21 +83,45 @@ def replay(path: Path, message_type: type[Message], url: str) -> tuple[int, int,
     return sent, failed, None
 
 
+def signal_folders(directory: Path) -> list[Path]:
+    """The folders at or below ``directory`` holding a traces.jsonl or metrics.jsonl, shallowest first."""
+    found = {f.parent for signal in SIGNALS for f in directory.rglob(f"{signal}.jsonl")}
+    return sorted(found, key=lambda f: (len(f.parts), str(f)))
+
+
+def newest_run(directory: Path) -> Path | None:
+    """A folder of run folders (./otel-llm-output): the run folder written to last; None for a run
+    folder itself (files of its own, or a disaggregated run's prefill/ and decode/)."""
+    if any((directory / f"{signal}.jsonl").exists() for signal in SIGNALS):
+        return None
+    if any((directory / role).is_dir() for role in ("prefill", "decode")):
+        return None
+    runs = [child for child in directory.iterdir() if child.is_dir() and signal_folders(child)]
+
+    def written(run: Path) -> float:  # the last write into any of its files
+        return max(f.stat().st_mtime for folder in signal_folders(run) for f in folder.glob("*.jsonl"))
+
+    return max(runs, key=written) if runs else None
+
+
 def main() -> int:
     directory = Path(
         sys.argv[1] if len(sys.argv) > 1 else os.environ.get("OTEL_LLM_OUTPUT_DIR", "otel-llm-output")
     )
     endpoint = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4318").rstrip("/")
-    folders = [directory]
-    if not any((directory / f"{signal}.jsonl").exists() for signal in SIGNALS):
-        # A disaggregated run folder (otel-llm demo / serve --disaggregated): one folder per worker.
-        folders = [
-            directory / role for role in ("prefill", "decode") if (directory / role).is_dir()
-        ] or folders
+    run = newest_run(directory) if directory.is_dir() else None
+    if run is not None:
+        count = sum(1 for c in directory.iterdir() if c.is_dir() and signal_folders(c))
+        which = "its run folder" if count == 1 else f"the newest of its {count} run folders"
+        print(f"{directory}: replaying {which}, {run.name} (pass a run folder as DIR to pick)")
+        directory = run
+    # A run folder and everything below it: a disaggregated run's prefill/ and decode/, a server's run.
+    folders = signal_folders(directory) if directory.is_dir() else []
     found, delivered, failures = False, 0, 0
     for folder, (signal, message_type) in ((f, s) for f in folders for s in SIGNALS.items()):
         path = folder / f"{signal}.jsonl"
-        label = signal if len(folders) == 1 else f"{folder.name} {signal}"
+        inner = folder.relative_to(directory)
+        label = signal if len(folders) == 1 else f"{inner if inner.parts else '.'} {signal}"
         if not path.exists():
             print(f"{label}: no {path}")
             continue
@@ -109,7 +135,7 @@ def main() -> int:
         else:
             print(f"{label}: {sent} export requests accepted by {url}, {failed} failed")
     if not found:
-        runs = sorted(p.name for p in directory.glob("*-*") if p.is_dir())
+        runs = sorted(p.name for p in directory.glob("*-*") if p.is_dir()) if directory.is_dir() else []
         hint = (
             f"pass one of its run folders: {', '.join(runs)}"
             if runs

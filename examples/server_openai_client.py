@@ -9,7 +9,11 @@ carries that span to the server, so ``llm.request`` is its child: one trace from
     OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4317 OTEL_EXPORTER_OTLP_PROTOCOL=grpc \\
         python examples/server_openai_client.py
 
-Then paste the printed trace id into Jaeger (http://localhost:16686) or Grafana's Tempo search.
+Then paste the printed trace id into Jaeger (http://localhost:16686) or Grafana's Tempo search. With no
+OTLP endpoint configured, both sides write OTLP JSON files into one new folder per run,
+./otel-llm-output/openai-client-<date>-<time>-<pid>/ (under $OTEL_LLM_OUTPUT_DIR when set): this
+client's span in its traces.jsonl, the server's run in a serve-* folder inside it; the script prints
+the folder and the ``otel-llm view`` command for it.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 from openai import OpenAI
 from opentelemetry import propagate, trace
@@ -30,12 +35,20 @@ SMOKE = os.environ.get("OTEL_LLM_EXAMPLE_SMOKE") == "1"  # tests run every examp
 MAX_TOKENS = 8 if SMOKE else 48
 
 
-def start_server() -> tuple[subprocess.Popen[bytes], str]:
-    """``otel-llm serve`` on a free loopback port; it reads the same OTEL_* variables as this script."""
+def run_folder() -> Path:
+    """This run's own folder for the files of both sides (absolute: the server is told it too)."""
+    base = os.environ.get("OTEL_LLM_OUTPUT_DIR", "").strip() or "otel-llm-output"
+    return Path(base).absolute() / time.strftime(f"openai-client-%Y%m%d-%H%M%S-{os.getpid()}")
+
+
+def start_server(folder: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """``otel-llm serve`` on a free loopback port; it reads the same OTEL_* variables as this script and,
+    without an endpoint, writes its files into a run folder inside ``folder``."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     command = [sys.executable, "-m", "otel_llm.cli", "serve", "--port", str(port), "--kv-blocks", "16"]
+    command += ["--output-dir", str(folder)]
     server = subprocess.Popen([*command, "--log-level", "warning"])
     base_url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
@@ -51,10 +64,11 @@ def start_server() -> tuple[subprocess.Popen[bytes], str]:
 
 
 def main() -> None:
+    folder = run_folder()
     server, base_url = None, os.environ.get("OPENAI_BASE_URL", "").removesuffix("/v1")
     if not base_url:
-        server, base_url = start_server()
-    telemetry = otel_llm.configure(service_name="openai-client-example")
+        server, base_url = start_server(folder)
+    telemetry = otel_llm.configure(service_name="openai-client-example", output_dir=folder)
     tracer = trace.get_tracer("examples.server_openai_client")
     client = OpenAI(base_url=f"{base_url}/v1", api_key="not-needed")
     try:
@@ -88,6 +102,14 @@ def main() -> None:
         telemetry.shutdown()
         if server is not None:
             server.wait(30)
+    if telemetry.output_dir is None:
+        endpoint = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "the configured endpoint")
+        print(f"traces: sent over OTLP to {endpoint}")
+    elif server is None:
+        print(f"files: {telemetry.output_dir} (this client's span; the server at {base_url} keeps its own)")
+    else:
+        print(f"files: {telemetry.output_dir} (this client's span; the server's run in a folder inside)")
+        print(f"view the requests: otel-llm view {telemetry.output_dir} --list")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,11 @@ from typing import Any
 
 from otel_llm import semconv
 
+# The finish reason of a request the tracker gave up on (past max_age_s, or beyond max_in_flight): it never
+# finished. Files written before the reason had a name of its own say "evicted", which meant the same.
+REASON_ABANDONED = "abandoned"
+_OLD_REASON_NAMES = {"evicted": REASON_ABANDONED}
+
 
 @dataclass(slots=True)
 class SpanRecord:
@@ -28,6 +33,7 @@ class SpanRecord:
     end_ns: int
     attributes: dict[str, Any] = field(default_factory=dict)
     links: list[tuple[str, str]] = field(default_factory=list)  # (trace_id, span_id) of linked spans
+    resource: dict[str, Any] = field(default_factory=dict)  # its resource's attributes (shared, not copied)
 
     @property
     def duration_s(self) -> float:
@@ -58,6 +64,14 @@ class RequestTrace:
             return int(counted)
         return sum(1 for s in self.spans if s.name == semconv.SPAN_PREEMPTED)
 
+    @property
+    def finish_reasons(self) -> list[str]:
+        """``gen_ai.response.finish_reasons`` of the root, an old file's ``evicted`` read as ``abandoned``."""
+        reasons = self.root.attributes.get(semconv.GEN_AI_RESPONSE_FINISH_REASONS) or []
+        if isinstance(reasons, str):
+            reasons = [reasons]
+        return [_OLD_REASON_NAMES.get(str(r), str(r)) for r in reasons]
+
     def children(self, parent: SpanRecord) -> list[SpanRecord]:
         return [s for s in self.spans if s.parent_id == parent.span_id]
 
@@ -77,7 +91,11 @@ def _value(v: dict[str, Any]) -> Any:
     return None
 
 
-def _record(span: dict[str, Any]) -> SpanRecord:
+def _attributes(items: list[dict[str, Any]]) -> dict[str, Any]:
+    return {a["key"]: _value(a.get("value", {})) for a in items}
+
+
+def _record(span: dict[str, Any], resource: dict[str, Any]) -> SpanRecord:
     return SpanRecord(
         trace_id=span["traceId"],
         span_id=span["spanId"],
@@ -85,22 +103,33 @@ def _record(span: dict[str, Any]) -> SpanRecord:
         name=span["name"],
         start_ns=int(span["startTimeUnixNano"]),
         end_ns=int(span["endTimeUnixNano"]),
-        attributes={a["key"]: _value(a.get("value", {})) for a in span.get("attributes", [])},
+        attributes=_attributes(span.get("attributes", [])),
         links=[(link["traceId"], link["spanId"]) for link in span.get("links", [])],
+        resource=resource,
     )
 
 
 def load_otlp_json(path: str | os.PathLike[str]) -> list[SpanRecord]:
-    """Every span in an OTLP JSON lines file. Raises ValueError naming the line that is not OTLP JSON."""
+    """Every span in an OTLP JSON lines file. Raises ValueError naming the file (and the line) when it
+    is not OTLP JSON lines: a binary file, or a line that is not an OTLP traces request."""
     records: list[SpanRecord] = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                # A binary file (a database, a gzip, a wheel...): json's own message would name neither.
+                raise ValueError(
+                    f"{path}: not OTLP JSON lines (line {lineno} is not UTF-8 text); pass a traces.jsonl "
+                    "written by otel_llm or by the Collector's file exporter, or its folder"
+                ) from None
             if not line.strip():
                 continue
             try:
                 for rs in json.loads(line).get("resourceSpans", []):
+                    resource = _attributes(rs.get("resource", {}).get("attributes", []))
                     for ss in rs.get("scopeSpans", []):
-                        records += (_record(s) for s in ss.get("spans", []))
+                        records += (_record(s, resource) for s in ss.get("spans", []))
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 raise ValueError(f"{path}:{lineno}: not an OTLP JSON traces line ({exc!r})") from exc
     return records
@@ -121,6 +150,7 @@ def from_readable_spans(spans: Iterable[Any]) -> list[SpanRecord]:
                 end_ns=s.end_time,
                 attributes=dict(s.attributes or {}),
                 links=[(f"{lk.context.trace_id:032x}", f"{lk.context.span_id:016x}") for lk in s.links],
+                resource=dict(s.resource.attributes) if s.resource is not None else {},
             )
         )
     return out

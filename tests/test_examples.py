@@ -1,5 +1,6 @@
 """Every script in examples/ runs as written (in smoke mode, in a fresh directory) and delivers what it
-promises: spans in files, or spans and metrics at a real loopback OTLP receiver."""
+promises: spans in files of a run folder of its own, named in what it prints, or spans and metrics at a
+real loopback OTLP receiver."""
 
 from __future__ import annotations
 
@@ -45,6 +46,12 @@ def quickstart_run(cwd: Path, **env: str) -> Path:
     return folder
 
 
+def printed(out: str, label: str) -> Path:
+    """The path an example printed after ``label`` (e.g. ``files: /abs/run-folder``)."""
+    (line,) = [line for line in out.splitlines() if line.startswith(label)]
+    return Path(line.removeprefix(label).split()[0])
+
+
 def file_spans(directory: Path) -> list[dict]:
     lines = (directory / "traces.jsonl").read_text().splitlines()
     return [
@@ -67,6 +74,22 @@ def check_hook_quickstart(tmp_path: Path) -> None:
         assert names.count(sc.SPAN_REQUEST) == 5  # the script's docstring: five requests, one preemption
         assert names.count(sc.SPAN_PREEMPTED) == 1
         assert (folder / "metrics.jsonl").stat().st_size > 0
+
+
+def check_engine_demo(tmp_path: Path) -> None:
+    folders = []
+    for _ in range(2):  # each run its own folder, named in what it prints; the first stays as it was
+        out = run("engine_demo.py", tmp_path).stdout
+        folder = printed(out, "files: ")
+        assert folder.parent == tmp_path / "otel-llm-output" and folder.name.startswith("engine-demo-"), out
+        assert f"otel-llm view {folder}" in out
+        names = [s["name"] for s in file_spans(folder)]
+        assert names.count(sc.SPAN_REQUEST) == 4  # its four prompts
+        assert names.count(sc.SPAN_PREEMPTED) == int(out.split("preemptions:")[1].split()[0]) > 0
+        folders.append((folder, (folder / "traces.jsonl").read_bytes()))
+    assert folders[0][0] != folders[1][0]
+    assert all((folder / "traces.jsonl").read_bytes() == written for folder, written in folders)
+    assert not (tmp_path / "otel-llm-output" / "traces.jsonl").exists()  # nothing in a shared file
 
 
 def check_engine_otlp(tmp_path: Path) -> None:
@@ -142,6 +165,7 @@ def check_any(script: str) -> Callable[[Path], None]:
 
 CHECKS: dict[str, Callable[[Path], None]] = {
     "hook_quickstart.py": check_hook_quickstart,
+    "engine_demo.py": check_engine_demo,
     "engine_otlp.py": check_engine_otlp,
     "server_openai_client.py": check_server_openai_client,
     "replay_files.py": check_replay_files,
@@ -195,3 +219,40 @@ def test_replay_files_names_the_run_folders_of_the_output_dir(tmp_path: Path) ->
         timeout=TIMEOUT_S,
     )
     assert done.returncode == 1 and "demo-20260101-120000-1" in done.stderr, done.stderr
+
+
+def test_server_openai_client_writes_both_sides_into_its_run_folder(tmp_path: Path) -> None:
+    """Without an endpoint: this client's span and the server's run in one run folder it names, which
+    ``otel-llm view`` reads as one run (the printed trace: both requests)."""
+    pytest.importorskip("openai", reason="the example's client")
+    pytest.importorskip("fastapi", reason="the server needs the serve extra")
+    pytest.importorskip("torch", reason="the reference engine needs the torch extra")
+    out = run("server_openai_client.py", tmp_path).stdout
+    folder = printed(out, "files: ")
+    assert folder.parent == tmp_path / "otel-llm-output" and folder.name.startswith("openai-client-"), out
+    trace_id = out.split("trace id ")[1].split()[0]
+    (client,) = file_spans(folder)  # the client's one span, and no more
+    assert client["traceId"] == trace_id
+    (server_run,) = folder.glob("serve-*")
+    roots = [s for s in file_spans(server_run) if s["name"] == sc.SPAN_REQUEST]
+    assert len(roots) == 2 and {s["traceId"] for s in roots} == {trace_id}
+    assert f"otel-llm view {folder} --list" in out
+    viewed = subprocess.run(
+        [sys.executable, "-m", "otel_llm.cli", "view", str(folder), "--list"],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert viewed.returncode == 0 and viewed.stderr == "", viewed.stderr  # one run: nothing to say
+    assert [row.split()[-1] for row in viewed.stdout.splitlines()[1:]] == [trace_id, trace_id]
+
+
+def test_replay_files_without_dir_sends_the_newest_run_folder(tmp_path: Path) -> None:
+    older, newer = quickstart_run(tmp_path), quickstart_run(tmp_path)
+    written = file_spans(newer)
+    with HttpReceiver() as receiver:
+        done = run("replay_files.py", tmp_path, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint)
+        got = sorted(s.span_id.hex() for _, s in receiver.collected.spans())
+    assert got == sorted(s["spanId"] for s in written)
+    (said,) = [line for line in done.stdout.splitlines() if "replaying" in line]
+    assert newer.name in said and older.name not in said and "2 run folders" in said, said

@@ -1,5 +1,6 @@
 """``otel-llm view`` and the CLI as a new user meets it: long requests, narrow terminals, zoom, trace ids,
-the core install without rich or torch, bad values, ``--version``.
+one word per thing (preempted, abandoned), files that are not traces, the core install without rich or
+torch, bad values, ``--version``.
 
 Traces are written by a real tracker through otel_llm's own OTLP JSON file exporter, then read back by
 the command.
@@ -7,7 +8,10 @@ the command.
 
 from __future__ import annotations
 
+import gzip
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +26,7 @@ from otel_llm._version import __version__
 from otel_llm.cli import main
 from otel_llm.commands.view import STYLES, fmt_duration
 from otel_llm.export.otlp_json import OtlpJsonSpanExporter
+from tests.view_files import tracker_file
 
 T0 = 1000.0
 ROOT = Path(__file__).resolve().parent.parent
@@ -94,14 +99,40 @@ def test_zoom_on_a_phase_and_on_a_window(capsys, long_trace) -> None:
         assert rc == 2 and err.startswith("otel-llm view:"), (bad, err)
 
 
+def legend_lines(out: str) -> list[str]:
+    """The legend: the last lines, whose entries start with a glyph (the numbers, with a word)."""
+    lines = out.splitlines()
+    end = len(lines)
+    while not (lines[end - 1][0].isalnum() or lines[end - 1][0] == "("):
+        end -= 1
+    return lines[end:]
+
+
 def test_legend_reads_without_colour(capsys, long_trace) -> None:
     path, _ = long_trace
     _, out, _ = view(capsys, str(path), "--request", "long")
-    legend = out.splitlines()[-1]
+    legend = " ".join(legend_lines(out))
     glyphs = [STYLES[name][0] for name in STYLES]
     assert len(set(glyphs)) == len(glyphs)
-    for word in ("queue", "admission", "prefill", "decode", "evicted", "recompute"):
-        assert word in legend
+    for name, word in (
+        (sc.SPAN_QUEUE, "queue"),
+        (sc.SPAN_ADMISSION, "admission"),
+        (sc.SPAN_PREFILL, "prefill"),
+        (sc.SPAN_DECODE, "decode"),
+        (sc.SPAN_PREEMPTED, "preempted"),
+        (sc.SPAN_RECOMPUTE, "recompute"),
+    ):
+        assert f"{STYLES[name][0]} {word}" in legend, (word, legend)
+
+
+def test_a_preemption_is_called_preempted_everywhere(capsys, long_trace) -> None:
+    """``evicted`` was the finish reason of a request the tracker gave up on: never a preemption's word."""
+    path, _ = long_trace
+    rc, out, _ = view(capsys, str(path), "--request", "long", "--width", "100")
+    assert rc == 0
+    assert "evicted" not in out.lower(), out
+    # The fixture's preemption: preempted at T0 + 31, rescheduled at T0 + 33.
+    assert f"preempted for: {fmt_duration(33.0 - 31.0)}" in out, out
 
 
 def test_summary_and_legend_keep_to_the_width_and_show_only_what_is_drawn(capsys, long_trace) -> None:
@@ -109,10 +140,41 @@ def test_summary_and_legend_keep_to_the_width_and_show_only_what_is_drawn(capsys
     rc, out, _ = view(capsys, str(path), "--request", "long", "--width", "60")
     assert rc == 0
     assert all(len(line) <= 60 for line in out.splitlines()), [len(x) for x in out.splitlines()]
-    # One instance: no KV transfer or instance glyphs in its legend; it was evicted in decode: the gap.
-    tail = "\n".join(out.splitlines()[-4:])
+    # One instance: no KV transfer or instance glyphs in its legend; preempted in decode: the gap.
+    tail = "\n".join(legend_lines(out))
     assert "KV transfer" not in tail and "instance" not in tail, tail
-    assert "evicted (gap in its phase)" in tail and "recompute" in tail, tail
+    assert "preempted (gap in its phase)" in tail and "recompute" in tail, tail
+
+
+def gave_up_on_one(tracker: RequestTracker) -> None:
+    """Two requests in a tracker that keeps one: the older is closed unfinished when the second comes."""
+    tracker.queued("old", ts=T0, prompt_tokens=4)
+    tracker.scheduled(["old"], ts=T0 + 0.01)
+    tracker.tokens(["old"], ts=T0 + 0.02)
+    tracker.queued("new", ts=T0 + 0.03, prompt_tokens=4)
+    tracker.scheduled(["new"], ts=T0 + 0.04)
+    tracker.tokens(["new"], ts=T0 + 0.05)
+    tracker.finished("new", reason="stop", ts=T0 + 0.06)
+
+
+@pytest.mark.parametrize("written_as", ["abandoned", "evicted"])
+def test_a_request_the_tracker_gave_up_on_reads_as_abandoned(capsys, tmp_path: Path, written_as: str) -> None:
+    """Files of this version say ``abandoned``, older ones ``evicted``: the viewer shows both as abandoned."""
+    real = tracker_file(tmp_path / "real", gave_up_on_one, max_in_flight=1)
+    text = real.read_text()
+    reasons = {'"stringValue":"abandoned"', '"stringValue":"evicted"'}
+    (found,) = [r for r in reasons if r in text]  # the reason the tracker of this checkout wrote
+    path = tmp_path / "traces.jsonl"
+    path.write_text(text.replace(found, f'"stringValue":"{written_as}"'))
+    rc, out, _ = view(capsys, str(path), "--list")
+    assert rc == 0
+    rows = {cells[0]: cells for cells in (re.split(r"\s{2,}", line) for line in out.splitlines()[1:])}
+    assert rows["old"][4] == "abandoned" and rows["new"][4] == "stop", out
+    rc, out, _ = view(capsys, str(path), "--request", "old", "--width", "120")
+    assert rc == 0
+    (finish,) = [fact for line in out.splitlines() for fact in line.split("  ") if fact.startswith("finish:")]
+    assert finish.startswith("finish: abandoned (") and "gave up" in finish, finish
+    assert "evicted" not in out
 
 
 def test_list_shows_every_request_to_pick_from(capsys, long_trace) -> None:
@@ -134,20 +196,50 @@ def test_help_says_which_request_is_shown_by_default(capsys) -> None:
     assert "most preempted request" in helped and "--list" in helped
 
 
-def test_a_one_token_request_says_which_decode_time_it_shows(capsys, tmp_path: Path) -> None:
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(OtlpJsonSpanExporter(tmp_path)))
-    tracker = RequestTracker(tracer_provider=provider, model="m")
+def one_token_and_three(tracker: RequestTracker) -> None:
     tracker.queued("one", ts=T0)
     tracker.scheduled(["one"], ts=T0 + 0.01)
     tracker.tokens(["one"], ts=T0 + 0.02)
     tracker.finished("one", ts=T0 + 0.03)  # the decode span: first token to the end, 10 ms
-    provider.shutdown()
-    rc, out, _ = view(capsys, str(tmp_path / "traces.jsonl"), "--width", "100")
+    tracker.queued("three", ts=T0 + 1)
+    tracker.scheduled(["three"], ts=T0 + 1.01)
+    for k in range(3):
+        tracker.tokens(["three"], ts=T0 + 1.02 + k * 0.01)
+    tracker.finished("three", ts=T0 + 1.05)
+
+
+def decode_line(out: str) -> str:
+    (line,) = [line for line in out.splitlines() if "decode (first to last token):" in line]
+    return line
+
+
+def test_a_one_token_request_says_which_decode_time_it_shows(capsys, tmp_path: Path) -> None:
+    path = tracker_file(tmp_path, one_token_and_three)
+    rc, out, _ = view(capsys, str(path), "--request", "one", "--width", "100")
     assert rc == 0
     (row,) = [line for line in out.splitlines() if line.lstrip().startswith(sc.SPAN_DECODE + " ")]
-    assert "10 ms" in row
-    assert "decode (first to last token): 0" in out  # not a bare "decode: 0" beside a 10 ms span
+    assert fmt_duration(0.03 - 0.02) in row  # the span: first token to the end
+    line = decode_line(out)
+    assert "decode (first to last token): 0 (" in line  # not a bare "decode: 0" beside a 10 ms span
+    assert "one token" in line and sc.SPAN_DECODE in line, line  # why, on that line
+    rc, out, _ = view(capsys, str(path), "--request", "three", "--width", "100")
+    assert rc == 0
+    line = decode_line(out)
+    assert f"decode (first to last token): {fmt_duration(0.04 - 0.02)}" in line and "one token" not in line
+
+
+def test_a_file_that_is_not_json_lines_is_named_in_one_line(capsys, long_trace, tmp_path: Path) -> None:
+    path, _ = long_trace
+    packed = tmp_path / "traces.jsonl.gz"  # the real file, gzipped: binary, no longer JSON lines
+    packed.write_bytes(gzip.compress(path.read_bytes()))
+    folder = tmp_path / "run"
+    folder.mkdir()
+    shutil.copy(packed, folder / "traces.jsonl")  # a folder whose traces.jsonl is binary
+    for given, named in ((packed, packed), (folder, folder / "traces.jsonl")):
+        rc, out, err = view(capsys, str(given))
+        assert rc == 2 and out == ""
+        assert len(err.splitlines()) == 1 and err.startswith("otel-llm view: "), err
+        assert str(named) in err and "traces.jsonl" in err.split(str(named), 1)[1], err
 
 
 @pytest.mark.parametrize(
