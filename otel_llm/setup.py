@@ -35,7 +35,7 @@ import logging
 import math
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -139,9 +139,11 @@ def configure(
                     "opentelemetry-configuration package, SDK 1.43 or later); using the OTEL_* variables",
                     ENV_CONFIG_FILE,
                 )
-            telemetry = _build(service_name, output_dir, resource_attributes, timeout_s, views)
-        if mode == export_channel.MODE_PROCESS and not views and not _disabled():
-            _export_beside(telemetry, service_name, output_dir, resource_attributes, timeout_s, max_queue)
+            beside = mode == export_channel.MODE_PROCESS and not views and not _disabled()
+            # Beside an export process, otel_llm's self-metrics are the export process's to report.
+            telemetry = _build(service_name, output_dir, resource_attributes, timeout_s, views, not beside)
+            if beside:
+                _export_beside(telemetry, service_name, output_dir, resource_attributes, timeout_s, max_queue)
         if set_global and _install_global(telemetry):
             _global_telemetry = telemetry
         return telemetry
@@ -165,8 +167,27 @@ def _export_beside(
         "shutdown_timeout_s": timeout_s,
     }
     channel = export_channel.ExportChannel(settings, dict(os.environ), max_queue)
+    channel.count_engine_drops(telemetry.local_drops)
     export_channel.register(telemetry.tracer_provider, telemetry.meter_provider, channel)
     telemetry.attach_channel(channel)
+
+
+def build_export_pipeline(
+    settings: Mapping[str, Any], engine_drops: Callable[[], dict[str, dict[str, int]]]
+) -> Telemetry:
+    """The export process's pipeline (``otel_llm.export.process``): what ``configure()`` in the engine's
+    process would build in export mode ``in_process``, from the settings it was given and the environment
+    the export process inherited; ``engine_drops``: the engine's own pipeline's losses, reported with
+    this pipeline's in ``otel_llm.export.*.dropped``."""
+    timeout_s = shutdown_timeout(settings.get("shutdown_timeout_s"))
+    service_name = settings.get("service_name")
+    resource_attributes = settings.get("resource_attributes") or None
+    config_file = declarative_config_file()
+    if config_file is not None:
+        return _from_config_file(config_file, service_name, resource_attributes, timeout_s, ())
+    return _build(
+        service_name, settings.get("output_dir"), resource_attributes, timeout_s, (), True, engine_drops
+    )
 
 
 def _disabled() -> bool:
@@ -179,6 +200,8 @@ def _build(
     resource_attributes: Mapping[str, Any] | None,
     timeout_s: float,
     views: Sequence[View],
+    self_metrics: bool = True,
+    more_drops: Callable[[], dict[str, dict[str, int]]] | None = None,
 ) -> Telemetry:
     if _disabled():
         _logger.info("otel_llm: %s=true, telemetry is off", ENV_SDK_DISABLED)
@@ -203,7 +226,9 @@ def _build(
     if span_exporter is not None:
         processor = CountingBatchSpanProcessor(span_exporter, drops, meter_provider=meter_provider)
         tracer_provider.add_span_processor(processor)
-    register_self_metrics(meter_provider, drops, processor.queue_depth if processor is not None else None)
+    if self_metrics:
+        depth = processor.queue_depth if processor is not None else None
+        register_self_metrics(meter_provider, drops, depth, more_drops)
     _logger.info(
         "otel_llm: traces -> %s, metrics -> %s",
         _describe(traces_to, "traces", directory),

@@ -9,6 +9,9 @@ import pytest
 from otel_llm import semconv as sc
 from otel_llm.hooks import anomalies as an
 
+# Every test here in both export modes: the engine's process, and the export process beside it.
+pytestmark = pytest.mark.both_modes
+
 T0 = 100.0
 
 

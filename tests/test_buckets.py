@@ -6,7 +6,12 @@ in distinct buckets, and hour-long requests in a finite one, not +Inf.
 
 from __future__ import annotations
 
+import pytest
+
 from otel_llm import semconv as sc
+
+# Every test here in both export modes: the engine's process, and the export process beside it.
+pytestmark = pytest.mark.both_modes
 
 T0 = 3000.0
 

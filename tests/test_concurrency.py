@@ -6,7 +6,12 @@ import queue
 import threading
 from collections import Counter
 
+import pytest
+
 from otel_llm import semconv as sc
+
+# Every test here in both export modes: the engine's process, and the export process beside it.
+pytestmark = pytest.mark.both_modes
 
 N_API_THREADS = 3
 PER_THREAD = 700

@@ -12,6 +12,9 @@ import pytest
 
 from otel_llm import semconv as sc
 
+# Every scenario in both export modes: the engine's process, and the export process beside it.
+pytestmark = pytest.mark.both_modes
+
 T0 = 5000.0  # an arbitrary monotonic origin
 
 

@@ -15,6 +15,9 @@ from otel_llm import semconv as sc
 from otel_llm.hooks.steps import ENV_TRACE_DETAIL
 from otel_llm.record import MAX_STEP_SPANS
 
+# Every test here in both export modes: the engine's process, and the export process beside it.
+pytestmark = pytest.mark.both_modes
+
 PHASE_SET = Counter(
     {
         sc.SPAN_REQUEST: 1,

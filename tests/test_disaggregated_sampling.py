@@ -13,6 +13,9 @@ from otel_llm import semconv as sc
 from otel_llm.emit.sampling import TailSampling
 from otel_llm.hooks.handoff import KEY_TAIL
 
+# Every test here in both export modes: the engine's process, and the export process beside it.
+pytestmark = pytest.mark.both_modes
+
 NEVER = TailSampling(ratio=0.0)  # keeps only on the rules (no share of the rest)
 CALLER_UNSAMPLED = {"traceparent": "00-" + "ab" * 16 + "-" + "cd" * 8 + "-00"}
 

@@ -12,6 +12,9 @@ import pytest
 from otel_llm import RequestTracker
 from otel_llm import semconv as sc
 
+# Every test here in both export modes: the engine's process, and the export process beside it.
+pytestmark = pytest.mark.both_modes
+
 # The request's events: A arrival, prefill instance Q/S/F, preempted at P before F, rescheduled R,
 # K_p sent; decode instance Q_d (transfer metadata arrived), K_d received, S1_d, tokens, preemption
 # after the first delivered token, E.

@@ -9,10 +9,14 @@ from __future__ import annotations
 import itertools
 import math
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from otel_llm import semconv as sc
+
+# Every test here in both export modes: the engine's process, and the export process beside it.
+pytestmark = pytest.mark.both_modes
 
 IDS = ["a", "b"]  # few ids, so one request sees many events
 # A step of the clock: mostly forward (so phases really have length), sometimes backwards, sometimes
@@ -39,8 +43,27 @@ hook = st.tuples(
     [(name, ["a"], 1.0, None) for name in ("queued", "scheduled", "preempted", "scheduled", "preempted")]
     + [(name, ["a"], 1.0, None) for name in ("scheduled", "tokens", "finished")]
 )
+@pytest.mark.in_process_only("300 examples; the export process runs its own below")
 def test_random_event_sequences_keep_the_invariants(make_harness, events):
-    h = make_harness(max_age_s=1e9)  # timestamps mix 1000.0 with now: nothing may age out meanwhile
+    check_invariants(make_harness(max_age_s=1e9), events)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(hook, max_size=60))
+def test_random_event_sequences_keep_the_invariants_through_the_export_process(events):
+    """The same invariants with the export process between the tracker and the checks (fewer examples:
+    each starts one)."""
+    from export_harness import ExportHarness
+
+    h = ExportHarness(max_age_s=1e9)
+    try:
+        check_invariants(h, events)
+    finally:
+        h.close()
+
+
+def check_invariants(h, events):
+    """``h``'s tracker driven by ``events``; timestamps mix 1000.0 with now, so nothing may age out."""
     t = h.tracker
     finished: list[str] = []
     now = 1000.0

@@ -25,6 +25,9 @@ from otel_llm import semconv as sc
 from otel_llm.hooks import anomalies as an
 from otel_llm.record import MAX_PREEMPTION_SPANS
 
+# Every test here in both export modes: the engine's process, and the export process beside it.
+pytestmark = pytest.mark.both_modes
+
 STEP = 0.01
 
 

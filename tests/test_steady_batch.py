@@ -16,6 +16,9 @@ from hypothesis import strategies as st
 
 from otel_llm import semconv as sc
 
+# Every test here in both export modes: the engine's process, and the export process beside it.
+pytestmark = pytest.mark.both_modes
+
 T0 = 7000.0
 IDS = [f"r{i}" for i in range(6)]
 
@@ -61,16 +64,35 @@ def check(harness, oracle: Oracle) -> None:
 ACTIONS = ["same", "same", "same", "same", "join", "finish", "preempt", "bounce", "skip", "twice"]
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(
-    plan=st.lists(
-        st.tuples(st.sampled_from(ACTIONS), st.integers(0, 5), st.sampled_from([0.0, 0.001, 0.01, 0.3])),
-        max_size=70,
-    ),
-    reuse=st.booleans(),
+PLANS = st.lists(
+    st.tuples(st.sampled_from(ACTIONS), st.integers(0, 5), st.sampled_from([0.0, 0.001, 0.01, 0.3])),
+    max_size=70,
 )
+
+
+@pytest.mark.in_process_only("250 examples; the export process runs its own below")
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(plan=PLANS, reuse=st.booleans())
 def test_steady_and_changing_batches_count_every_tokens_event(make_harness, plan, reuse):
-    h = make_harness(max_age_s=1e9)
+    run_plan(make_harness(max_age_s=1e9), plan, reuse)
+
+
+@settings(max_examples=20, deadline=None)
+@given(plan=PLANS, reuse=st.booleans())
+def test_steady_and_changing_batches_count_every_tokens_event_through_the_export_process(plan, reuse):
+    """The same counts with the export process between the tracker and the checks (fewer examples: each
+    starts one)."""
+    from export_harness import ExportHarness
+
+    h = ExportHarness(max_age_s=1e9)
+    try:
+        run_plan(h, plan, reuse)
+    finally:
+        h.close()
+
+
+def run_plan(h, plan, reuse):
+    """Drive ``h``'s tracker through ``plan`` and check every count against the oracle."""
     t = h.tracker
     oracle = Oracle()
     ts = T0

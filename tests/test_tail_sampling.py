@@ -22,6 +22,9 @@ from otel_llm.emit.sampling import (
     TailSampling,
 )
 
+# Every test here in both export modes: the engine's process, and the export process beside it.
+pytestmark = pytest.mark.both_modes
+
 NONE_KEPT = TailSampling(ratio=0.0)
 SAMPLED_PARENT = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
 UNSAMPLED_PARENT = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"}
@@ -122,6 +125,7 @@ def test_ratio_one_and_sampling_off_keep_everything(make_harness) -> None:
         assert (sc.METRIC_SAMPLING_DECISIONS in h.metrics()) is (setting is not False)
 
 
+@pytest.mark.in_process_only("a provider of the test's own, with its own sampler")
 def test_head_sampler_still_applies_to_kept_traces(make_harness) -> None:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor

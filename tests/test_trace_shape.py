@@ -15,6 +15,9 @@ from otel_llm import semconv as sc
 from otel_llm.hooks import anomalies as an
 from otel_llm.record import MAX_PREEMPTION_SPANS
 
+# Every test here in both export modes: the engine's process, and the export process beside it.
+pytestmark = pytest.mark.both_modes
+
 T0 = 7000.0  # an arbitrary monotonic origin
 
 

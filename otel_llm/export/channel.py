@@ -143,6 +143,17 @@ class ExportChannel:
         self._reset()
         _LIVE.add(self)
 
+    def count_engine_drops(self, drops: Any) -> None:
+        """``drops``: this process's own pipeline's ``DropCounter`` (what the application exports here),
+        whose counts the export process adds to ``otel_llm.export.*.dropped``: one series for both."""
+        self._drops = drops
+
+    def _engine_drops(self) -> dict[str, dict[str, int]]:
+        drops = getattr(self, "_drops", None)
+        if drops is None:
+            return {}
+        return {signal: drops.by_reason(signal) for signal in ("spans", "metric_points")}
+
     def _reset(self) -> None:
         """State of a channel that has not started (and of one in a forked child)."""
         self._thread: threading.Thread | None = None
@@ -213,7 +224,7 @@ class ExportChannel:
         """Send everything queued, have the export process export it; True when that finished in time."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
-            if self._thread is None or (self._child is None and not self._queue):
+            if self._thread is None:  # no tracker ever fed this channel
                 return not self._queue
             self._flush_wanted += 1
             wanted = self._flush_wanted
@@ -257,8 +268,7 @@ class ExportChannel:
     def _run(self) -> None:
         try:
             while True:
-                fds = [self._wake_r] if self._from_child < 0 else [self._wake_r, self._from_child]
-                ready, _, _ = select.select(fds, [], [], SEND_EVERY_S)
+                ready = _readable([self._wake_r, self._from_child], SEND_EVERY_S)
                 if self._wake_r in ready:
                     with contextlib.suppress(OSError):
                         os.read(self._wake_r, 4096)
@@ -279,6 +289,10 @@ class ExportChannel:
             )
         finally:
             with self._cond:
+                for fd in (self._wake_r, self._wake_w):
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+                self._wake_r = self._wake_w = -1
                 self._thread = None
                 self._cond.notify_all()
 
@@ -292,7 +306,7 @@ class ExportChannel:
             batch = [queue.popleft() for _ in range(n)]
             with self._lock:
                 producers = list(self._producers.items())
-                losses = dict(self._losses)
+                losses = {"records": dict(self._losses), **self._engine_drops()}
             greet = [
                 (k, info_tuple(p.info), _tail_tuple(t)) for k, (p, t) in producers if k not in self._greeted
             ]
@@ -315,10 +329,12 @@ class ExportChannel:
         return True
 
     def _start_child(self) -> bool:
-        """Start the export process when there is something to send and no back-off holds it."""
+        """Start the export process when there is something to send (or a flush asks for what the
+        trackers report) and no back-off holds it."""
         if self._restart_at > time.monotonic():
             return False
-        if not self._queue and not self._active():
+        flushing = self._flush_wanted > self._flush_sent or self._stop_deadline is not None
+        if not self._queue and not flushing and not self._active():
             return False
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
@@ -348,10 +364,11 @@ class ExportChannel:
         return self._send(encode("start", settings), 0)
 
     def _active(self) -> bool:
-        """Whether a tracker has something to report (requests in flight or samples), before any record."""
+        """Whether a tracker has something to report before any record: requests in flight, per-step
+        samples, or anything the engine reported of itself."""
         with self._lock:
             producers = [p for p, _ in self._producers.values()]
-        return any(sum(p.figures().states) for p in producers)
+        return any(_reports(p.figures()) for p in producers)
 
     def _read_replies(self) -> None:
         reader = self._reader
@@ -440,8 +457,7 @@ class ExportChannel:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            ready, _, _ = select.select([self._from_child], [], [], min(left, 0.1))
-            if ready:
+            if _readable([self._from_child], min(left, 0.1)):
                 self._read_replies()
             elif child.poll() is not None:
                 self._read_replies()
@@ -456,7 +472,7 @@ class ExportChannel:
         with self._lock:
             self._losses[PROCESS_EXITED] += self._sent - self._done
             self._done = self._sent
-        for fd in (self._to_child, self._from_child, self._wake_r, self._wake_w):
+        for fd in (self._to_child, self._from_child):
             if fd >= 0:
                 with contextlib.suppress(OSError):
                     os.close(fd)
@@ -474,6 +490,32 @@ class ExportChannel:
         self._queue = deque()
         self._losses = {QUEUE_FULL: 0, PROCESS_EXITED: 0}
         self._reset()
+
+
+def _readable(fds: list[int], timeout_s: float) -> list[int]:
+    """Those of ``fds`` (-1: none) that can be read now or within ``timeout_s`` seconds (poll: no limit
+    on how high a descriptor may be, unlike select)."""
+    poller = select.poll()
+    for fd in fds:
+        if fd >= 0:
+            poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+    return [fd for fd, _ in poller.poll(max(0, int(timeout_s * 1000)))]
+
+
+def _reports(f: Any) -> bool:
+    """Whether a tracker's figures hold anything a metric would show."""
+    return bool(
+        sum(f.states)
+        or f.anomalies
+        or f.abandoned
+        or f.itl
+        or f.step_tokens
+        or f.prompt_tokens
+        or f.kv_cache_usage is not None
+        or f.running is not None
+        or f.waiting is not None
+        or any(v is not None for v in f.counters.values())
+    )
 
 
 def _tail_tuple(tail: Any) -> Any:

@@ -217,13 +217,19 @@ def register_self_metrics(
     meter_provider: metrics.MeterProvider,
     drops: DropCounter,
     queue_depth: Callable[[], int] | None = None,
+    more: Callable[[], dict[str, dict[str, int]]] | None = None,
 ) -> None:
-    """Observable instruments for the drop counters (and the span queue depth, when there is a queue)."""
+    """Observable instruments for the drop counters (and the span queue depth, when there is a queue).
+    ``more``: losses counted elsewhere, by signal and reason, added in (the engine's own pipeline, for
+    the export process: one series for both)."""
     meter = meter_provider.get_meter("otel_llm", __version__)
 
     def observer(signal: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def observe(options: CallbackOptions) -> Iterable[Observation]:
-            return [Observation(n, {ATTR_REASON: reason}) for reason, n in drops.by_reason(signal).items()]
+            counts = drops.by_reason(signal)
+            for reason, n in (more().get(signal, {}) if more is not None else {}).items():
+                counts[reason] = counts.get(reason, 0) + n
+            return [Observation(n, {ATTR_REASON: reason}) for reason, n in counts.items()]
 
         return observe
 

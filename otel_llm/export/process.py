@@ -111,21 +111,17 @@ class ExportProcess:
     """This process's pipeline and the emitters of the engine's trackers."""
 
     def __init__(self, settings: dict[str, Any]) -> None:
-        import otel_llm
 
         self.settings = settings
-        self.telemetry = otel_llm.configure(
-            service_name=settings.get("service_name"),
-            output_dir=settings.get("output_dir"),
-            set_global=False,
-            resource_attributes=settings.get("resource_attributes") or None,
-            shutdown_timeout_s=settings.get("shutdown_timeout_s"),
-            export_mode="in_process",
-        )
+        from otel_llm.setup import build_export_pipeline
+
+        # The engine's own pipeline's losses join this one's in otel_llm.export.*.dropped.
+        self.telemetry = build_export_pipeline(settings, lambda: self.engine_drops)
         self.drops = self.telemetry.drops
         self.producers: dict[int, RemoteProducer] = {}
         self.emitters: dict[int, Emitter] = {}
-        self.losses: dict[str, int] = {}
+        self.losses: dict[str, int] = {}  # records the engine's process lost, by reason
+        self.engine_drops: dict[str, dict[str, int]] = {}  # its own pipeline's losses, by signal
         # (record number, spans ended once it was emitted), oldest first, for the records not yet done.
         self._pending: deque[tuple[int, int]] = deque()
         self.done = 0  # the number of the last record done (records are numbered from 1)
@@ -147,7 +143,10 @@ class ExportProcess:
                 emitter.request(record_from(fields))
             pending.append((seq, drops.spans_ended))
             seq += 1
-        self.losses = dict(losses)
+        self.losses = dict(losses.get("records", {}))
+        self.engine_drops = {
+            signal: losses[signal] for signal in ("spans", "metric_points") if signal in losses
+        }
 
     def _tracker(self, key: int, info: TrackerInfo, tail: Any) -> None:
         if key in self.emitters:
@@ -212,13 +211,14 @@ def _register_losses(meter_provider: Any, process: ExportProcess) -> None:
 def serve(read_fd: int, write_fd: int) -> int:
     """Run until the engine stops this process or goes away; the exit status."""
     reader = FrameReader(read_fd)
+    poller = select.poll()
+    poller.register(read_fd, select.POLLIN | select.POLLHUP | select.POLLERR)
     process: ExportProcess | None = None
     parent = os.getppid()
     last_ack = last_parent_check = time.monotonic()
     while True:
-        ready, _, _ = select.select([read_fd], [], [], ACK_EVERY_S)
         ended = False
-        if ready:
+        if poller.poll(int(ACK_EVERY_S * 1000)):
             ended = not reader.fill()
         for frame in reader.frames():
             kind, body = decode(frame)

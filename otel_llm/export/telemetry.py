@@ -121,6 +121,34 @@ class DeliveryReport:
         return self.counts.get(signal, (0, {}))
 
 
+class CombinedDrops:
+    """What this process's pipeline and the export process's lost, read as one ``DropCounter``: the export
+    process's part as it last reported it (``otel_llm.export.channel.ExportChannel.delivery``)."""
+
+    def __init__(self, local: DropCounter, channel: Any) -> None:
+        self._local = local
+        self._remote = channel.delivery()
+
+    def delivered(self, signal: str) -> int:
+        there = self._remote.get(signal)
+        return self._local.delivered(signal) + (there[0] if there else 0)
+
+    def by_reason(self, signal: str) -> dict[str, int]:
+        counts = self._local.by_reason(signal)
+        there = self._remote.get(signal)
+        for reason, n in (there[1] if there else {}).items():
+            counts[reason] = counts.get(reason, 0) + n
+        return counts
+
+    def total(self, signal: str) -> int:
+        return sum(self.by_reason(signal).values())
+
+    @property
+    def spans_ended(self) -> int:
+        there = self._remote.get("spans")
+        return self._local.spans_ended + (there[2] if there else 0)
+
+
 class Telemetry:
     """Tracer and meter providers built by ``otel_llm.configure()``, with bounded flush and shutdown.
 
@@ -130,7 +158,9 @@ class Telemetry:
         output_dir: the directory of the OTLP-JSON files, or None when no signal goes to files.
         shutdown_timeout_s: the default bound, in seconds, of ``force_flush`` and ``shutdown``.
         drops: what the export pipeline lost so far, by signal and reason (also exported as the
-            ``otel_llm.export.*.dropped`` self-metrics), e.g. ``drops.by_reason("spans")``.
+            ``otel_llm.export.*.dropped`` self-metrics), e.g. ``drops.by_reason("spans")``; in export mode
+            ``process``, this process's pipeline and the export process's together (the latter as it
+            last reported, about every 0.1 s).
     """
 
     def __init__(
@@ -147,7 +177,7 @@ class Telemetry:
         self.meter_provider = meter_provider
         self.output_dir = output_dir
         self.shutdown_timeout_s = shutdown_timeout_s
-        self.drops = drops if drops is not None else DropCounter()
+        self._drops = drops if drops is not None else DropCounter()
         self._exporters = list(exporters)
         self._lock = threading.Lock()
         self._shutdown_result: bool | None = None
@@ -158,6 +188,16 @@ class Telemetry:
         """Export mode ``process``: otel_llm's telemetry goes through ``channel``'s export process, which
         ``force_flush`` and ``shutdown`` flush and stop within the same bound, and ``delivery`` counts."""
         self.channel = channel
+
+    @property
+    def local_drops(self) -> DropCounter:
+        """What this process's own pipeline lost (without the export process's)."""
+        return self._drops
+
+    @property
+    def drops(self) -> Any:
+        """See the class docstring: a ``DropCounter``, or a view adding the export process's counts."""
+        return self._drops if self.channel is None else CombinedDrops(self._drops, self.channel)
 
     @property
     def export_mode(self) -> str:
@@ -239,20 +279,15 @@ class Telemetry:
         requests the export process completed, and those lost before it (``queue_full``,
         ``export_process_exited``).
         """
-        remote = self.channel.delivery() if self.channel is not None else {}
         if signal == "requests":
-            done, losses = remote.get("requests", (0, {}))
+            if self.channel is None:
+                return 0, {}
+            done, losses = self.channel.delivery()["requests"]
             return done, {reason: n for reason, n in losses.items() if n}
-        delivered = self.drops.delivered(signal)
-        lost = {reason: n for reason, n in self.drops.by_reason(signal).items() if n}
-        ended = self.drops.spans_ended
-        if signal in remote:
-            there, there_lost, there_ended = remote[signal]
-            delivered += there
-            ended += there_ended
-            for reason, n in there_lost.items():
-                if n:
-                    lost[reason] = lost.get(reason, 0) + n
+        drops = self.drops
+        delivered = drops.delivered(signal)
+        lost = {reason: n for reason, n in drops.by_reason(signal).items() if n}
+        ended = drops.spans_ended
         if signal == "spans" and self.is_shutdown:
             unsent = ended - delivered - sum(lost.values())
             if unsent > 0:

@@ -342,14 +342,16 @@ class Tracker(InFlight, EngineStateHook):
         self._step_tokens = self._step_samples if step_tokens is None else step_tokens
 
     def figures(self, drain: bool = False) -> Figures:
-        """The tracker's running figures (``otel_llm.record.Figures``), read under its lock."""
+        """The tracker's running figures (``otel_llm.record.Figures``), read under its lock; the buffered
+        per-step samples are handed over (and forgotten) with ``drain``, copied without."""
         state = self._engine_state
         with self._lock:
-            itl = step = []
             if drain:
                 itl, self._itl_samples.values = self._itl_samples.values, []
                 step_pairs, self._step_samples.values = self._step_samples.values, []
-                step = [int(v) for v, _ in step_pairs]
+            else:  # a look at what is buffered, left for the consumer that drains it
+                itl, step_pairs = list(self._itl_samples.values), list(self._step_samples.values)
+            step = [int(v) for v, _ in step_pairs]
             return Figures(
                 (self._states[0], self._states[1], self._states[2]),
                 dict(self._anomalies.counts),
