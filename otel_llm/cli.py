@@ -7,6 +7,7 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from otel_llm._version import __version__
 
@@ -14,8 +15,16 @@ from otel_llm._version import __version__
 COMMANDS = ("demo", "serve", "view")
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, except that a usage error is one line (``otel-llm serve: error: ...``), as every
+    other usage error of otel-llm is, with where the full usage is; exit status 2 as argparse's."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help lists every option)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="otel-llm", description="OpenTelemetry traces and metrics for every request an LLM engine serves"
     )
     parser.add_argument("--version", action="version", version=f"otel-llm {__version__}")

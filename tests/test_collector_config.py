@@ -327,7 +327,7 @@ def metric_kinds() -> dict[str, tuple[str, str]]:
     table[s.METRIC_ACTIVE] = ("gauge", s.UNIT_REQUEST)  # up-down counter or gauge: both are gauges there
     table[s.METRIC_ANOMALIES] = ("counter", s.UNIT_ANOMALY)
     table[s.METRIC_SAMPLING_DECISIONS] = ("counter", s.UNIT_DECISION)
-    # The engine's own state, from RequestTracker.engine_state() (otel_llm.engine_state).
+    # The engine's own state, from RequestTracker.engine_state() (otel_llm.hooks.engine_state).
     table[s.METRIC_KV_CACHE_USAGE] = ("gauge", s.UNIT_RATIO)
     table[s.METRIC_SCHEDULER_REQUESTS] = ("gauge", s.UNIT_REQUEST)
     for name in (

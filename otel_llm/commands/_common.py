@@ -1,5 +1,5 @@
 """What the subcommands share: argument types that reject bad values cleanly, telemetry set-up for one
-run (its own output folder, a clear message for bad OTEL_* values), and saying where telemetry went.
+run (its own output folder), and saying where telemetry went (or that it is off).
 
 Nothing here imports torch or rich, so ``otel-llm --help`` works on the core install.
 """
@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import os
+import re
 import socket
 import sys
 import threading
@@ -44,22 +46,69 @@ def tcp_port(text: str) -> int:
     return value
 
 
+def seconds(text: str) -> float:
+    """argparse type: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds: pass e.g. 5")
+    return value
+
+
+# What torch.manual_seed() takes: a 64-bit seed, signed or not.
+SEED_RANGE = (-(2**63), 2**64 - 1)
+
+
+def seed(text: str) -> int:
+    """argparse type: a seed torch takes (a 64-bit whole number)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    low, high = SEED_RANGE
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"{value} does not fit in 64 bits: pass 0 to {high}")
+    return value
+
+
+# The devices the reference engine runs on, as torch spells them.
+_DEVICE = re.compile(r"cpu|cuda(:[0-9]+)?")
+
+
+def device_name(text: str) -> str:
+    """argparse type: ``cpu``, ``cuda`` or ``cuda:N``, checked by spelling alone (torch is not imported:
+    whether this machine has that device is ``check_device``'s question, once torch is loaded)."""
+    value = text.strip().lower()
+    if not _DEVICE.fullmatch(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device: pass cpu, cuda or cuda:N")
+    return value
+
+
+# uvicorn's log levels, most to least severe (uvicorn.config.LOG_LEVELS).
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
+def log_level(text: str) -> str:
+    """argparse type: one of ``LOG_LEVELS``, in any case (as uvicorn reads them)."""
+    value = text.strip().lower()
+    if value not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a log level: pass {', '.join(LOG_LEVELS)}")
+    return value
+
+
 def check_device(device: str) -> str | None:
-    """None when torch can run on ``device`` (cpu, cuda, cuda:N), else what is wrong, in words."""
+    """None when torch can run on ``device`` (``device_name``'s spelling) here, else what is wrong."""
     import torch
 
-    try:
-        parsed = torch.device(device)
-    except (RuntimeError, ValueError):
-        return f"--device {device!r} is not a device: pass cpu, cuda or cuda:N"
-    if parsed.type == "cpu":
+    if device == "cpu":
         return None
-    if parsed.type != "cuda":
-        return f"--device {device!r}: the reference engine runs on cpu or cuda (cuda:N)"
     if not torch.cuda.is_available():
-        return f"--device {device!r}: this machine (or this torch build) has no CUDA device; use --device cpu"
-    if parsed.index is not None and parsed.index >= torch.cuda.device_count():
-        return f"--device {device!r}: there are {torch.cuda.device_count()} CUDA devices (cuda:0 ...)"
+        return f"--device {device}: this machine (or this torch build) has no CUDA device; use --device cpu"
+    index = torch.device(device).index
+    if index is not None and index >= torch.cuda.device_count():
+        return f"--device {device}: there are {torch.cuda.device_count()} CUDA devices (cuda:0 ...)"
     return None
 
 
@@ -121,29 +170,6 @@ def usage_error(command: str, message: object) -> NoReturn:
     raise SystemExit(2)
 
 
-def check_environment(command: str) -> None:
-    """Exit with ``usage_error`` when an environment value the run would read cannot be used.
-
-    Checks what ``configure()`` and ``RequestTracker`` read (``OTEL_LLM_SHUTDOWN_TIMEOUT``, the OTLP
-    protocol and exporter kinds, ``OTEL_LLM_TAIL_SAMPLING*``, ``OTEL_LLM_TRACE_DETAIL``), before torch is
-    imported or a worker started, so a typo costs no start-up time and gives no traceback.
-    """
-    from otel_llm.emit.sampling import TailSampling
-    from otel_llm.export import otlp
-    from otel_llm.hooks.steps import resolve_detail
-    from otel_llm.setup import ENV_SDK_DISABLED, shutdown_timeout
-
-    try:
-        shutdown_timeout(None)
-        if os.environ.get(ENV_SDK_DISABLED, "").strip().lower() != "true":
-            for signal in ("traces", "metrics"):
-                otlp.destination(signal)  # type: ignore[arg-type]
-        TailSampling.from_env()
-        resolve_detail(None)
-    except (TypeError, ValueError) as exc:
-        usage_error(command, exc)
-
-
 def configure_run(command: str, output_dir: str | os.PathLike[str] | None) -> Any:
     """``otel_llm.configure()`` for one CLI run, or exit with the configuration problem in one line."""
     import otel_llm
@@ -159,11 +185,24 @@ def configure_run(command: str, output_dir: str | os.PathLike[str] | None) -> An
         usage_error(command, exc)
 
 
+def sdk_disabled() -> bool:
+    """Whether ``OTEL_SDK_DISABLED`` turns telemetry off (read as ``configure()`` reads it)."""
+    from otel_llm.setup import ENV_SDK_DISABLED
+
+    return os.environ.get(ENV_SDK_DISABLED, "").strip().lower() == "true"
+
+
+# What a run says instead of figures when there is no telemetry to take them from.
+TELEMETRY_OFF = "telemetry is off (OTEL_SDK_DISABLED=true), no traces or metrics are made"
+
+
 def destinations() -> list[str]:
     """Where each signal goes under the current OTEL_* environment, one line each (before it is sent)."""
     from otel_llm.export import otlp
     from otel_llm.setup import ENV_CONFIG_FILE, declarative_config_file
 
+    if sdk_disabled():
+        return [TELEMETRY_OFF]
     config_file = declarative_config_file()
     if config_file is not None:
         return [f"traces and metrics: where {ENV_CONFIG_FILE}={config_file} says"]
@@ -197,7 +236,7 @@ def delivery_lines(telemetry: Any) -> list[str]:
     from otel_llm.setup import declarative_config_file
 
     lines: list[str] = []
-    if declarative_config_file() is not None:  # the file's own pipeline: otel_llm counts nothing there
+    if sdk_disabled() or declarative_config_file() is not None:  # nothing sent, or nothing counted there
         return lines
     report = telemetry if isinstance(telemetry, DeliveryReport) else telemetry.delivery_report()
     for signal, unit in (("traces", "spans"), ("metrics", "metric_points")):
@@ -240,7 +279,7 @@ def otlp_urls() -> list[str]:
     from otel_llm.setup import declarative_config_file
 
     urls: list[str] = []
-    if declarative_config_file() is not None:  # the file names its own endpoints
+    if sdk_disabled() or declarative_config_file() is not None:  # nothing is sent, or the file says where
         return urls
     for signal in ("traces", "metrics"):
         if otlp.destination(signal) == "otlp":  # type: ignore[arg-type]

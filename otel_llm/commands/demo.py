@@ -15,17 +15,23 @@ import random
 import time
 from dataclasses import dataclass
 
+from otel_llm.commands import env_check
 from otel_llm.commands._common import (
+    TELEMETRY_OFF,
     check_device,
-    check_environment,
     configure_run,
     delivery_lines,
     destinations,
+    device_name,
     install_line,
     need_extras,
     positive_int,
+    sdk_disabled,
+    seed,
+    usage_error,
     written_files,
 )
+from otel_llm.commands.preflight import output_folder_problem
 
 _WORDS = (
     "token", "cache", "block", "prefill", "decode", "queue", "batch", "stream", "attention", "layer",
@@ -63,8 +69,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="KV cache blocks of 16 tokens (default 24; with --disaggregated, the prefill worker's: 10)",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the workload and the model weights")
-    p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the workload and the model weights")
+    p.add_argument("--device", type=device_name, default="cpu", help="cpu (default), cuda or cuda:N")
     p.add_argument(
         "--output-dir",
         default=None,
@@ -112,18 +118,22 @@ def chat_question(rng: random.Random, room: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    check_environment("demo")
+    # Everything that can be found wrong without the model is, before torch is imported.
+    env_check.check("demo")
+    problem = output_folder_problem(args.output_dir)
+    if problem is not None:
+        usage_error("demo", problem)
     need_extras("demo", "torch")
     console, Progress = _rich("demo")
+    problem = check_device(args.device)
+    if problem is not None:
+        usage_error("demo", problem)
     if args.disaggregated:
         from otel_llm.commands.demo_disaggregated import run_disaggregated
 
         return run_disaggregated(args, console)
     if args.kv_blocks is None:
         args.kv_blocks = 24
-    problem = check_device(args.device)
-    if problem is not None:
-        raise SystemExit(f"otel-llm demo: {problem}")
 
     from otel_llm.commands.chat import ChatClient, make_chat_workload
     from otel_llm.commands.local_copy import tracker_with_local_copy
@@ -173,8 +183,17 @@ def run(args: argparse.Namespace) -> int:
                     progress.advance(bar)
             step += 1
     elapsed = time.monotonic() - started
-    # The summary reads the in-memory copy of the spans, so nothing waits on the exporters before it.
     out = console(soft_wrap=True)
+    if not hasattr(telemetry.tracer_provider, "add_span_processor"):
+        # No spans, so no latency or preemption figures to show: what the engine did, and why no more.
+        why = TELEMETRY_OFF if sdk_disabled() else "the tracer provider makes no spans"
+        out.print(
+            f"{len(workload)} requests in {elapsed:.1f} s, {step} engine steps, {engine.num_preemptions} "
+            f"preemptions by the engine; {why}, so there is no summary table and no waterfall"
+        )
+        telemetry.shutdown()
+        return 0
+    # The summary reads the in-memory copy of the spans, so nothing waits on the exporters before it.
     requests = group_requests(from_readable_spans(spans.get_finished_spans()))
     out.print(summary_table(requests, token_ts, engine.num_preemptions, step, elapsed))
     if requests:

@@ -13,7 +13,13 @@ import time
 import uuid
 from typing import Any
 
-from otel_llm.commands._common import SERVICE_INSTANCE_ID, run_dir, worker_delivery_lines
+from otel_llm.commands._common import (
+    SERVICE_INSTANCE_ID,
+    TELEMETRY_OFF,
+    run_dir,
+    sdk_disabled,
+    worker_delivery_lines,
+)
 
 PREFILL_KV_BLOCKS = 10
 DECODE_KV_BLOCKS = 16
@@ -68,11 +74,14 @@ def run_disaggregated(args: argparse.Namespace, console: Any) -> int:
         for r in records
         if r.name == sc.SPAN_REQUEST and r.attributes.get(sc.LLM_ROLE) == sc.ROLE_DECODE
     )
-    preemptions = (
-        f"preemptions: {pre_preempted} on the prefill worker, {dec_preempted} on the decode worker"
-        if to_files
-        else "preemptions: in the spans at the collector"
-    )
+    if sdk_disabled():  # the workers made no spans: no counts to give, and none at a collector
+        preemptions = f"{TELEMETRY_OFF}, so there is no preemption count and no waterfall"
+    elif to_files:
+        preemptions = (
+            f"preemptions: {pre_preempted} on the prefill worker, {dec_preempted} on the decode worker"
+        )
+    else:
+        preemptions = "preemptions: in the spans at the collector"
     out.print(f"{done} of {len(workload)} requests in {elapsed:.1f} s on two worker processes; {preemptions}")
     if requests:
         emit(render_lines(pick_request(requests), width=terminal_width()), file=out.file)

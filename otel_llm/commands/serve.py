@@ -15,18 +15,25 @@ from __future__ import annotations
 import argparse
 import sys
 
+from otel_llm.commands import env_check
 from otel_llm.commands._common import (
+    LOG_LEVELS,
     check_device,
-    check_environment,
     configure_run,
     delivery_lines,
     destinations,
+    device_name,
+    log_level,
     need_extras,
     positive_int,
+    seconds,
+    seed,
     tcp_port,
+    usage_error,
     warn_if_unreachable,
     written_files,
 )
+from otel_llm.commands.preflight import PortUnusable, bind_port, output_folder_problem
 
 # How long a stopping server lets open connections finish before it closes them; then telemetry gets its
 # own bounded flush. 5 + OTEL_LLM_SHUTDOWN_TIMEOUT (5) + 1 s stays well inside Kubernetes' 30 s grace.
@@ -59,11 +66,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="with --disaggregated: the decode worker's KV cache blocks (default --kv-blocks)",
     )
-    p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
+    p.add_argument("--device", type=device_name, default="cpu", help="cpu (default), cuda or cuda:N")
     p.add_argument("--model-name", default="otel-llm-tiny", help="the model name clients must ask for")
-    p.add_argument("--seed", type=int, default=0, help="seed of the model weights")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the model weights")
     p.add_argument("--step-spans", action="store_true", help="also emit one llm.engine.step span per step")
-    p.add_argument("--log-level", default="info", help="uvicorn log level (default info)")
+    p.add_argument(
+        "--log-level",
+        type=log_level,
+        default="info",
+        help=f"uvicorn's log level: {', '.join(LOG_LEVELS)} (default info)",
+    )
     p.add_argument(
         "--output-dir",
         default=None,
@@ -72,13 +84,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--graceful-timeout",
-        type=float,
+        type=seconds,
         default=DEFAULT_GRACEFUL_TIMEOUT_S,
         help=f"seconds open connections get to finish on shutdown (default {DEFAULT_GRACEFUL_TIMEOUT_S:g})",
     )
     p.add_argument(
         "--body-timeout",
-        type=float,
+        type=seconds,
         default=DEFAULT_BODY_TIMEOUT_S,
         help=f"seconds a request body may take to arrive, else 408 (default {DEFAULT_BODY_TIMEOUT_S:g})",
     )
@@ -86,23 +98,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    for name in ("graceful_timeout", "body_timeout"):
-        if not getattr(args, name) > 0:
-            option = "--" + name.replace("_", "-")
-            raise SystemExit(f"otel-llm serve: {option} must be a positive number of seconds")
-    check_environment("serve")
+    # Everything that can be found wrong without the model is, before torch is imported; the port is
+    # bound now (listened on once the model is up), so a port in use costs no model load and no run folder.
+    if not args.disaggregated and (args.prefill_kv_blocks is not None or args.decode_kv_blocks is not None):
+        usage_error("serve", "--prefill-kv-blocks and --decode-kv-blocks need --disaggregated")
+    env_check.check("serve")
     need_extras("serve", "torch", "serve")
+    try:
+        sock = bind_port(args.host, args.port)
+    except PortUnusable as exc:
+        usage_error("serve", exc)
+    args.port = sock.getsockname()[1]  # the one asked for, or the free one --port 0 got
+    problem = output_folder_problem(args.output_dir)
+    if problem is not None:
+        usage_error("serve", problem)
     from otel_llm.server import create_app, run_server
 
     problem = check_device(args.device)
     if problem is not None:
-        raise SystemExit(f"otel-llm serve: {problem}")
+        usage_error("serve", problem)
     if args.disaggregated:
         from otel_llm.commands.serve_disaggregated import run_disaggregated
 
-        return run_disaggregated(args)
-    if args.prefill_kv_blocks is not None or args.decode_kv_blocks is not None:
-        raise SystemExit("otel-llm serve: --prefill-kv-blocks and --decode-kv-blocks need --disaggregated")
+        return run_disaggregated(args, sock)
 
     import otel_llm
     from otel_llm.engine import EngineConfig, LLMEngine, ModelConfig
@@ -157,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
             port=args.port,
             log_level=args.log_level,
             graceful_timeout_s=args.graceful_timeout,
+            sock=sock,
         )
     finally:
         stop_telemetry()

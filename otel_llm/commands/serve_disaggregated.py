@@ -10,6 +10,7 @@ the run ends with one line per worker and signal.
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 import uuid
 
@@ -20,12 +21,13 @@ from otel_llm.commands._common import (
     warn_if_unreachable,
     worker_delivery_lines,
 )
+from otel_llm.commands.preflight import files_written
 
 
-def run_disaggregated(args: argparse.Namespace) -> int:
+def run_disaggregated(args: argparse.Namespace, sock: socket.socket) -> int:
+    """Start both workers, then serve on ``sock`` (bound to ``--host``/``--port``, not yet listening)."""
     from otel_llm.engine import EngineConfig, ModelConfig
     from otel_llm.engine.disaggregated import DisaggregatedEngine
-    from otel_llm.export import otlp
     from otel_llm.server import create_app, run_server
     from otel_llm.server.disaggregated import DisaggregatedFront, shutdown_budget_s
 
@@ -40,10 +42,7 @@ def run_disaggregated(args: argparse.Namespace) -> int:
         )
 
     prefill, decode = config(args.prefill_kv_blocks), config(args.decode_kv_blocks)
-    try:
-        to_files = "file" in (otlp.destination("traces"), otlp.destination("metrics"))
-    except ValueError as exc:
-        raise SystemExit(f"otel-llm serve: {exc}") from None
+    to_files = files_written()  # the environment was checked: destination() raises nothing here
     out = run_dir(args.output_dir, "serve")
     for line in destinations():
         print(f"otel-llm serve: {line}", file=sys.stderr, flush=True)
@@ -77,8 +76,9 @@ def run_disaggregated(args: argparse.Namespace) -> int:
             port=args.port,
             log_level=args.log_level,
             graceful_timeout_s=args.graceful_timeout,
+            sock=sock,
         )
-    finally:  # uvicorn never started (e.g. the port is taken): the app's shutdown did not run
+    finally:  # uvicorn never started: the app's shutdown did not run
         if not workers.closed:
             workers.close(timeout_s=shutdown_budget_s())
     return 0

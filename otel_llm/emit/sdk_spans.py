@@ -7,7 +7,7 @@ SDK's own ``ReadableSpan`` objects are made directly, as the SDK tracer would ma
 the provider's span processor's ``on_end``:
 
 - sampling is decided once per trace with the provider's own sampler: the request span's decision is the
-  one ``traceparent()`` gave (``otel_llm.identity``); its descendants' is asked once, for a child of it;
+  one ``traceparent()`` gave (``otel_llm.hooks.identity``); its descendants' is asked once, for a child of it;
 - ids come from the provider's id generator, in the order the tracer would draw them;
 - attributes and events are bounded by the provider's span limits through the SDK's own
   ``BoundedAttributes`` / ``BoundedList``; resource and instrumentation scope are the tracer's;

@@ -19,7 +19,7 @@ only; the rest are summarised on ``llm.request`` (how many, and the time they sp
 recomputing), so a thrashing request costs a bounded number of spans on the thread that finishes it.
 
 At trace detail ``request`` only ``llm.request`` is built; at ``steps`` the engine steps the request ran
-in are added under its phases (``otel_llm.steps``).
+in are added under its phases (``otel_llm.hooks.steps``, ``otel_llm.emit.steps``).
 
 Monotonic seconds become wall-clock nanoseconds through the producing tracker's clock offset
 (``otel_llm.record.TrackerInfo``).

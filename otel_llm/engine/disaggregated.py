@@ -13,7 +13,7 @@ socket to the decode worker. The workers ignore SIGINT: the router decides when 
 Each worker has its own engine (its own small KV cache, so each preempts on its own), its own
 ``RequestTracker`` with its role, and its own telemetry from ``otel_llm.configure()`` (OTLP when the
 OTEL_* environment names an endpoint, else OTLP JSON files in ``<output_dir>/<role>/``). The request's
-one trace is joined through the hand-off carrier in each transfer's header (``otel_llm.handoff``).
+one trace is joined through the hand-off carrier in each transfer's header (``otel_llm.hooks.handoff``).
 Timestamps are ``time.monotonic()`` seconds, shared by the processes of one Linux host.
 """
 

@@ -128,7 +128,7 @@ class Timeline:
         self.kv_done: float | None = None  # K: KV transfer finished (sent or received) on this instance
         self.kv_bytes: int | None = None  # bytes of that transfer, when the engine knows them
         # True on a decode instance for a request a prefill instance handed over (its trace identity and
-        # arrival came with the transfer, see otel_llm.handoff).
+        # arrival came with the transfer, see otel_llm.hooks.handoff).
         self.handed_in = False
         # On a decode instance: whether the prefill instance kept the request's spans (tail sampling),
         # as carried with the transfer; None when not carried.

@@ -14,6 +14,7 @@ import contextlib
 import functools
 import logging
 import signal
+import socket
 import time
 import uuid
 from asyncio import FIRST_COMPLETED
@@ -50,14 +51,32 @@ class ServerStopping(Exception):
     """The server is stopping and its graceful timeout is over: an open request is ended (aborted)."""
 
 
-def run(app: FastAPI, *, host: str, port: int, log_level: str, graceful_timeout_s: float) -> None:
+def run(
+    app: FastAPI,
+    *,
+    host: str,
+    port: int,
+    log_level: str,
+    graceful_timeout_s: float,
+    sock: socket.socket | None = None,
+) -> None:
     """``uvicorn.run(app, ...)``, except that open requests still running ``graceful_timeout_s`` seconds
     after SIGTERM / Ctrl-C are ended by the app (a 503, or a last error event in a stream; the engine
-    aborts them) before uvicorn would cancel their tasks."""
+    aborts them) before uvicorn would cancel their tasks.
+
+    ``sock``: a socket already bound to ``host``:``port`` (``otel-llm serve`` binds it before loading the
+    model, so a port in use is found first); uvicorn listens on it. Without one, uvicorn binds itself."""
     import uvicorn
 
     class Server(uvicorn.Server):
         interrupted = False  # a Ctrl-C (SIGINT) asked for the shutdown
+
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if self.started and sockets:
+                # uvicorn says where it listens only for sockets it bound itself.
+                where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+                _logger.info("listening on http://%s (Ctrl-C to stop)", where)
 
         def handle_exit(self, sig: int, frame: Any) -> None:
             self.interrupted = self.interrupted or sig == signal.SIGINT
@@ -79,7 +98,7 @@ def run(app: FastAPI, *, host: str, port: int, log_level: str, graceful_timeout_
     )
     server = Server(config)
     try:
-        server.run()
+        server.run(sockets=None if sock is None else [sock])
     except KeyboardInterrupt:
         # uvicorn re-raises a Ctrl-C once its graceful shutdown is done, and asyncio turns that into a
         # cancelled main task: the shutdown is over, so there is nothing left to report but the exit.
@@ -89,7 +108,7 @@ def run(app: FastAPI, *, host: str, port: int, log_level: str, graceful_timeout_
         # and a shell still expects Ctrl-C's status.
         raise SystemExit(130)
     if not server.started:
-        raise SystemExit(3)  # as uvicorn.run(): the server could not start (e.g. the port is taken)
+        raise SystemExit(3)  # as uvicorn.run(): the server could not start
 
 
 def create_app(

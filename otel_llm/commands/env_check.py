@@ -1,0 +1,565 @@
+"""Every environment variable a ``demo`` or ``serve`` run reads, checked before torch or a worker starts.
+
+``RULES`` is one table: each entry names a variable (or several read the same way), how its value is
+parsed, and what would work instead. ``check(command)`` stops at the first value that cannot be used with
+one line, ``otel-llm COMMAND: error: NAME='value' is ...: what would work``, and exit status 2, as argparse
+does for a bad flag.
+
+Why not leave the values to the OpenTelemetry SDK: it reads most of them with a logged warning and a
+fallback, so a typo runs a whole demo on a setting nobody asked for. ``OTEL_TRACES_SAMPLER=sometimes`` is
+the default sampler, ``OTEL_SDK_DISABLED=yes`` is false, an endpoint without a scheme fails at every export
+and ends up reported as an unreachable collector, and some values (a gRPC compression other than gzip, an
+unknown exemplar filter, a negative queue size) raise from deep inside ``configure()``.
+
+The variables are those the SDK's own lists (``opentelemetry.sdk.environment_variables`` and
+``opentelemetry.environment_variables``) name and the pipeline of ``otel_llm.configure()`` reads, plus
+otel_llm's own (``OTEL_LLM_*``); ``NOT_READ`` says why each other name of those lists is left alone. The
+SDK's variables are not read when ``OTEL_SDK_DISABLED=true`` or when an ``OTEL_CONFIG_FILE`` decides the
+pipeline, so they are not checked then either; the API's (propagators, context) and ours always are.
+Values are parsed as their reader parses them (trimmed and case-folded, or not), so what passes here is
+what the reader takes. ``OTEL_LLM_OUTPUT_DIR`` is checked with ``--output-dir`` (``preflight``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from otel_llm.commands._common import usage_error
+
+SDK = "sdk"  # read by the OpenTelemetry SDK's providers and exporters, when the SDK is on
+API = "api"  # read by the OpenTelemetry API when it is imported, whatever the SDK does
+OTEL_LLM = "otel_llm"  # read by otel_llm itself
+
+SIGNALS = ("traces", "metrics")
+ENV_SDK_DISABLED = "OTEL_SDK_DISABLED"
+ENV_CONFIG_FILE = "OTEL_CONFIG_FILE"
+ENV_EXPORT_MODE = "OTEL_LLM_EXPORT_MODE"
+EXPORT_MODES = ("process", "in_process")
+
+
+class Unusable(ValueError):
+    """A value its reader cannot use: ``why`` (``is not a number``) and, when the rule's hint is not
+    enough, a ``hint`` of its own (the value with its scheme added)."""
+
+    def __init__(self, why: str, hint: str | None = None) -> None:
+        super().__init__(why)
+        self.why = why
+        self.hint = hint
+
+
+Parse = Callable[[str], None]  # raises Unusable for a value that cannot be used
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    names: tuple[str, ...]  # the variables read this way
+    parse: Parse
+    hint: str  # what would work, in a user's words
+    reader: str = SDK
+    empty_ok: bool = True  # whether the reader takes an empty value as unset
+
+    def problem(self, name: str, raw: str) -> str | None:
+        """The one-line complaint about ``name=raw``, or None when the reader can use it."""
+        if not raw.strip():
+            return None if self.empty_ok else f"{name} is set but empty: {self.hint}, or unset it"
+        try:
+            self.parse(raw)
+        except Unusable as exc:
+            return f"{name}={raw!r} {exc.why}: {exc.hint or self.hint}"
+        return None
+
+
+# --- how values are parsed -------------------------------------------------------------------------------
+
+
+def _trimmed_lower(raw: str) -> str:
+    return raw.strip().lower()
+
+
+def _either(values: Sequence[str]) -> str:
+    return values[0] if len(values) == 1 else f"{', '.join(values[:-1])} or {values[-1]}"
+
+
+def choice(*allowed: str, fold: Callable[[str], str] = _trimmed_lower) -> Parse:
+    """One of ``allowed`` once ``fold`` (how the reader normalises it) is applied."""
+
+    def parse(raw: str) -> None:
+        if fold(raw) not in allowed:
+            raise Unusable(f"is not {_either(allowed)}")
+
+    return parse
+
+
+def boolean(fold: Callable[[str], str] = _trimmed_lower) -> Parse:
+    return choice("true", "false", fold=fold)
+
+
+def number(
+    low: float, *, above: bool = False, high: float | None = None, whole: bool = False, infinite: bool = False
+) -> Parse:
+    """A number >= ``low`` (> with ``above``), <= ``high``; ``whole``: an int as ``int()`` reads it;
+    ``infinite``: ``inf`` allowed (the reader takes it as never). NaN never is."""
+
+    def parse(raw: str) -> None:
+        try:
+            value = float(int(raw)) if whole else float(raw)
+        except ValueError:
+            raise Unusable("is not a whole number" if whole else "is not a number") from None
+        if math.isnan(value) or (math.isinf(value) and not infinite):
+            raise Unusable("is not a finite number")
+        if value < low or (above and value == low) or (high is not None and value > high):
+            raise Unusable("is out of range")
+
+    return parse
+
+
+def endpoint(raw: str) -> None:
+    """An OTLP endpoint URL: http:// or https://, a host, a port from 1 to 65535 if any."""
+    if raw != raw.strip():
+        raise Unusable("has spaces around it", "remove them (the exporter sends to the URL as written)")
+    if "://" not in raw:
+        raise Unusable("has no scheme", f"add http:// (or https:// for TLS): 'http://{raw}'")
+    parts = urlsplit(raw)
+    if parts.scheme.lower() not in ("http", "https"):
+        raise Unusable(f"has the scheme {parts.scheme}://", "use http:// (plaintext) or https:// (TLS)")
+    if not parts.hostname:
+        raise Unusable("has no host", "name the collector's host, e.g. http://localhost:4318")
+    try:
+        port = parts.port  # None when the URL names none (the scheme's default)
+    except ValueError:  # not a number, or past 65535
+        port = 0
+    if port == 0:
+        raise Unusable(
+            "has a port that is not 1 to 65535", "pass the collector's port, e.g. http://localhost:4318"
+        )
+
+
+# RFC 9110 token characters: what an HTTP header name may be made of.
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+
+
+def headers(raw: str) -> None:
+    """``name=value`` pairs separated by commas, names HTTP tokens (values may be URL-encoded)."""
+    for item in raw.split(","):
+        if not item.strip():
+            continue
+        name, equals, _ = item.partition("=")
+        if not equals or not _HEADER_NAME.fullmatch(name.strip()):
+            raise Unusable(f"has {item.strip()!r}, not a name=value header")
+
+
+def key_values(raw: str) -> None:
+    """``key=value`` pairs separated by commas, each key non-empty."""
+    for item in raw.split(","):
+        key, equals, _ = item.partition("=")
+        if not equals or not key.strip():
+            raise Unusable(f"has {item.strip()!r}, not a key=value pair")
+
+
+def readable_file(raw: str) -> None:
+    path = os.path.expanduser(raw)
+    if not os.path.isfile(path):
+        raise Unusable("is not a file" if os.path.exists(path) else "does not exist")
+    if not os.access(path, os.R_OK):
+        raise Unusable("cannot be read")
+
+
+def entry_points(group: str, *also: str, many: bool = False) -> Parse:
+    """The name of an installed entry point of ``group`` (or one of ``also``); ``many``: a comma list."""
+
+    def parse(raw: str) -> None:
+        from importlib.metadata import entry_points as installed
+
+        known = set(installed(group=group).names) | set(also)
+        names = [n.strip() for n in raw.split(",")] if many else [raw.strip()]
+        for name in names:
+            if name and name not in known:
+                listed = ", ".join(sorted(known)) or "none installed"
+                raise Unusable(f"names {name!r}, which is not installed", f"use one of: {listed}")
+
+    return parse
+
+
+def grpc_status_codes(raw: str) -> None:
+    """gRPC status code names separated by commas (``UNAVAILABLE,DEADLINE_EXCEEDED``)."""
+    from grpc import StatusCode
+
+    for name in raw.split(","):
+        if name.strip() and name.strip().upper() not in StatusCode.__members__:
+            raise Unusable(f"names {name.strip()!r}, not a gRPC status code")
+
+
+def compression(signals: Sequence[str]) -> Parse:
+    """What the signals' exporters take: gzip, deflate or none over HTTP; only gzip over gRPC (this SDK's
+    gRPC exporter raises on none and deflate)."""
+
+    def parse(raw: str) -> None:
+        from otel_llm.export import otlp
+
+        value = raw.strip().lower()
+        grpc = [s for s in signals if otlp.protocol(s) == otlp.PROTOCOL_GRPC]  # type: ignore[arg-type]
+        if grpc and value != "gzip":
+            raise Unusable(
+                f"is not gzip, the only compression the gRPC exporter ({', '.join(grpc)}) takes",
+                "set gzip, or unset it for none",
+            )
+        if value not in ("gzip", "deflate", "none"):
+            raise Unusable("is not gzip, deflate or none")
+
+    return parse
+
+
+def batch_size(raw: str) -> None:
+    number(1, whole=True)(raw)
+    queue = os.environ.get("OTEL_BSP_MAX_QUEUE_SIZE", "").strip() or "2048"
+    if queue.isdigit() and int(raw) > int(queue):
+        raise Unusable(f"is more than the queue holds (OTEL_BSP_MAX_QUEUE_SIZE: {queue})")
+
+
+# --- the table -------------------------------------------------------------------------------------------
+
+
+def _per_signal(suffix: str) -> tuple[str, ...]:
+    """The generic ``OTEL_EXPORTER_OTLP_<suffix>`` and its traces and metrics variants."""
+    return (
+        f"OTEL_EXPORTER_OTLP_{suffix}",
+        *(f"OTEL_EXPORTER_OTLP_{s.upper()}_{suffix}" for s in SIGNALS),
+    )
+
+
+def _exporter_rules() -> list[Rule]:
+    generic, traces, metrics = _per_signal("COMPRESSION")
+    return [
+        Rule(
+            _per_signal("PROTOCOL"),
+            choice("grpc", "http/protobuf"),
+            "set grpc (a collector's port 4317) or http/protobuf (port 4318, the default); otel-llm has "
+            "no http/json exporter",
+        ),
+        Rule(
+            _per_signal("ENDPOINT"),
+            endpoint,
+            "pass the collector's URL: http://localhost:4318 (OTLP/HTTP) or http://localhost:4317 (gRPC)",
+        ),
+        Rule(
+            _per_signal("HEADERS"),
+            headers,
+            "pass name=value pairs separated by commas, values URL-encoded (api-key=abc%20123)",
+        ),
+        Rule((generic,), compression(SIGNALS), "set gzip or none", empty_ok=False),
+        Rule((traces,), compression(("traces",)), "set gzip or none", empty_ok=False),
+        Rule((metrics,), compression(("metrics",)), "set gzip or none", empty_ok=False),
+        Rule(
+            _per_signal("TIMEOUT"),
+            number(0, above=True),
+            "pass the seconds one export may take (this SDK reads seconds, not milliseconds), e.g. 10",
+            empty_ok=False,
+        ),
+        Rule(
+            _per_signal("CERTIFICATE") + _per_signal("CLIENT_KEY") + _per_signal("CLIENT_CERTIFICATE"),
+            readable_file,
+            "pass the path of a PEM file this user can read",
+        ),
+        Rule(
+            _per_signal("INSECURE"),
+            boolean(fold=str.lower),  # the gRPC exporter compares value.lower() with "true"
+            "set true (plaintext gRPC) or false (TLS); the gRPC exporter reads anything else as false",
+            empty_ok=False,
+        ),
+        Rule(
+            tuple(
+                f"OTEL_PYTHON_EXPORTER_OTLP_{protocol}{signal}_CREDENTIAL_PROVIDER"
+                for protocol in ("HTTP", "GRPC")
+                for signal in ("", "_TRACES", "_METRICS")
+            ),
+            entry_points("opentelemetry_otlp_credential_provider"),
+            "name an installed credential provider",
+        ),
+        Rule(
+            ("OTEL_PYTHON_EXPORTER_OTLP_GRPC_RETRYABLE_ERROR_CODES",),
+            grpc_status_codes,
+            "pass gRPC status code names separated by commas, e.g. UNAVAILABLE,DEADLINE_EXCEEDED",
+        ),
+        Rule(
+            ("OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER"),
+            choice("otlp", "file", "none"),
+            "set otlp (the default: OTLP when an endpoint is set, else OTLP JSON files), file or none",
+        ),
+    ]
+
+
+_SAMPLERS = (
+    "always_on",
+    "always_off",
+    "traceidratio",
+    "parentbased_always_on",
+    "parentbased_always_off",
+    "parentbased_traceidratio",
+)
+_LIMITS = (
+    "OTEL_ATTRIBUTE_COUNT_LIMIT",
+    "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT",
+    "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT",
+    "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT",
+    "OTEL_SPAN_EVENT_COUNT_LIMIT",
+    "OTEL_SPAN_LINK_COUNT_LIMIT",
+    "OTEL_EVENT_ATTRIBUTE_COUNT_LIMIT",
+    "OTEL_LINK_ATTRIBUTE_COUNT_LIMIT",
+)
+
+
+def _sdk_rules() -> list[Rule]:
+    return [
+        Rule(
+            ("OTEL_TRACES_SAMPLER",),
+            choice(*_SAMPLERS, fold=str.lower),  # the SDK lower-cases, and does not trim
+            "set one of those, or unset it for parentbased_always_on",
+            empty_ok=False,
+        ),
+        Rule(
+            ("OTEL_TRACES_SAMPLER_ARG",),
+            number(0, high=1),
+            "pass the share of traces traceidratio keeps, from 0 to 1, e.g. 0.1",
+        ),
+        Rule(
+            ("OTEL_METRIC_EXPORT_INTERVAL",),
+            number(0, above=True, infinite=True),
+            "pass the milliseconds between metric exports, e.g. 60000 (the default)",
+            empty_ok=False,
+        ),
+        Rule(
+            ("OTEL_METRIC_EXPORT_TIMEOUT",),
+            number(0, above=True, infinite=True),
+            "pass the milliseconds one metric export may take, e.g. 30000 (the default)",
+            empty_ok=False,
+        ),
+        Rule(
+            ("OTEL_BSP_MAX_QUEUE_SIZE",),
+            number(1, whole=True),
+            "pass how many spans may wait for export, a whole number from 1, e.g. 2048 (the default)",
+            empty_ok=False,
+        ),
+        Rule(
+            ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE",),
+            batch_size,
+            "pass how many spans one export sends, from 1 to OTEL_BSP_MAX_QUEUE_SIZE, e.g. 512 (the default)",
+            empty_ok=False,
+        ),
+        Rule(
+            ("OTEL_BSP_SCHEDULE_DELAY",),
+            number(1, whole=True),
+            "pass the milliseconds between span exports, a whole number from 1, e.g. 5000 (the default)",
+            empty_ok=False,
+        ),
+        Rule(
+            ("OTEL_BSP_EXPORT_TIMEOUT",),
+            number(0, whole=True),
+            "pass the milliseconds one span export may take, a whole number, e.g. 30000 (the default)",
+            empty_ok=False,
+        ),
+        Rule(
+            ("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE",),
+            choice("cumulative", "delta", "lowmemory"),
+            "set one of those, or unset it for cumulative",
+            empty_ok=False,
+        ),
+        Rule(
+            ("OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION",),
+            choice("explicit_bucket_histogram", "base2_exponential_bucket_histogram"),
+            "set one of those, or unset it for explicit_bucket_histogram",
+            empty_ok=False,
+        ),
+        Rule(
+            ("OTEL_METRICS_EXEMPLAR_FILTER",),
+            choice("trace_based", "always_on", "always_off", fold=lambda v: v),  # the SDK compares as is
+            "set one of those, in lower case, or unset it for trace_based",
+            empty_ok=False,
+        ),
+        Rule(
+            _LIMITS,
+            number(0, whole=True),
+            "pass a whole number from 0, or leave it empty for no limit",
+        ),
+        Rule(
+            ("OTEL_RESOURCE_ATTRIBUTES",),
+            key_values,
+            "pass key=value pairs separated by commas, e.g. deployment.environment=prod,team=llm",
+        ),
+        Rule(
+            ("OTEL_EXPERIMENTAL_RESOURCE_DETECTORS",),
+            entry_points("opentelemetry_resource_detector", "*", many=True),
+            "name installed resource detectors, separated by commas",
+        ),
+        Rule(
+            ("OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED",),
+            boolean(),
+            "set true (the SDK's own metrics on) or false",
+            empty_ok=False,
+        ),
+    ]
+
+
+def _api_rules() -> list[Rule]:
+    return [
+        Rule(
+            ("OTEL_PROPAGATORS",),
+            entry_points("opentelemetry_propagator", "none", many=True),
+            "name installed propagators separated by commas (the default: tracecontext,baggage), or none",
+            reader=API,
+        ),
+        Rule(
+            ("OTEL_PYTHON_CONTEXT",),
+            entry_points("opentelemetry_context"),
+            "name an installed context implementation, or unset it for contextvars_context",
+            reader=API,
+        ),
+    ]
+
+
+def _otel_llm_rules() -> list[Rule]:
+    from otel_llm.record import DETAILS
+
+    return [
+        Rule(
+            ("OTEL_LLM_SHUTDOWN_TIMEOUT",),
+            number(0, above=True),
+            "pass the seconds shutting down telemetry may take, e.g. 5 (the default)",
+            reader=OTEL_LLM,
+        ),
+        Rule(
+            ("OTEL_LLM_TRACE_DETAIL",),
+            choice(*DETAILS),
+            "set one of those, or unset it for phases",
+            reader=OTEL_LLM,
+        ),
+        Rule(
+            ("OTEL_LLM_TAIL_SAMPLING",),
+            choice("on", "off", "true", "false", "1", "0"),
+            "set on (keep failed, preempted, slow and a share of the other traces) or off (keep all)",
+            reader=OTEL_LLM,
+        ),
+        Rule(
+            ("OTEL_LLM_TAIL_SAMPLING_RATIO",),
+            number(0, high=1),
+            "pass the share of the other traces tail sampling keeps, from 0 to 1, e.g. 0.05 (the default)",
+            reader=OTEL_LLM,
+        ),
+        Rule(
+            ("OTEL_LLM_TAIL_SAMPLING_TTFT_S", "OTEL_LLM_TAIL_SAMPLING_E2E_S"),
+            number(0),
+            "pass a threshold in seconds, from 0, e.g. 2.5",
+            reader=OTEL_LLM,
+        ),
+        Rule(
+            (ENV_EXPORT_MODE,),
+            choice(*EXPORT_MODES),
+            "set process (spans and metrics built and exported by a child process) or in_process (by the "
+            "engine's own process)",
+            reader=OTEL_LLM,
+        ),
+        Rule(
+            (ENV_CONFIG_FILE,),
+            readable_file,
+            "pass the path of an OpenTelemetry configuration file (YAML), or unset it",
+            reader=OTEL_LLM,
+        ),
+    ]
+
+
+def _sdk_on_rule() -> Rule:
+    return Rule(
+        (ENV_SDK_DISABLED,),
+        boolean(),
+        "set true (telemetry off) or false (the default); the SDK reads anything else as false",
+    )
+
+
+RULES: tuple[Rule, ...] = (
+    _sdk_on_rule(),
+    *_otel_llm_rules(),
+    *_api_rules(),
+    *_exporter_rules(),
+    *_sdk_rules(),
+)
+
+# Names in the SDK's lists that the pipeline of ``configure()`` never reads, by prefix, with why.
+NOT_READ: dict[str, str] = {
+    "OTEL_LOGS_EXPORTER": "configure() builds no logs pipeline",
+    "OTEL_BLRP_": "the batch log record processor: no logs pipeline",
+    "OTEL_EXPORTER_OTLP_LOGS_": "the OTLP logs exporter: no logs pipeline",
+    "OTEL_LOGRECORD_": "log record limits: no logs pipeline",
+    "OTEL_PYTHON_EXPORTER_OTLP_HTTP_LOGS_": "the OTLP logs exporter: no logs pipeline",
+    "OTEL_PYTHON_EXPORTER_OTLP_GRPC_LOGS_": "the OTLP logs exporter: no logs pipeline",
+    "OTEL_EXPORTER_ZIPKIN_": "configure() exports OTLP or files, never Zipkin",
+    "OTEL_EXPORTER_PROMETHEUS_": "configure() exports OTLP or files, never a Prometheus endpoint",
+    "OTEL_PYTHON_TRACER_CONFIGURATOR": "read by opentelemetry-instrument's auto-configuration only",
+    "OTEL_PYTHON_METER_CONFIGURATOR": "read by opentelemetry-instrument's auto-configuration only",
+    "OTEL_PYTHON_LOGGER_CONFIGURATOR": "read by opentelemetry-instrument's auto-configuration only",
+    "OTEL_PYTHON_ID_GENERATOR": "configure() gives its providers otel_llm's own id generator",
+    "OTEL_PYTHON_TRACER_PROVIDER": "the global provider's fallback; the CLI's providers are its own",
+    "OTEL_PYTHON_METER_PROVIDER": "the global provider's fallback; the CLI's providers are its own",
+    "OTEL_PYTHON_LOGGER_PROVIDER": "no logs pipeline",
+    "OTEL_PYTHON_LOGGING_AUTO_INSTRUMENTATION_ENABLED": "read by opentelemetry-instrument only (logs)",
+    "OTEL_LOG_LEVEL": "the Python SDK does not read it (Python's logging decides)",
+    "OTEL_SERVICE_NAME": "any text is a service name",
+    "OTEL_LLM_OUTPUT_DIR": "checked with --output-dir, by preflight.output_folder_problem()",
+}
+
+
+def _sdk_reads_variables() -> bool:
+    """Whether the SDK's pipeline is built from the OTEL_* variables: not when it is disabled, nor when a
+    declarative configuration file decides it."""
+    from otel_llm.setup import declarative_config_file
+
+    if os.environ.get(ENV_SDK_DISABLED, "").strip().lower() == "true":
+        return False
+    return declarative_config_file() is None
+
+
+def first_problem() -> str | None:
+    """The complaint about the first environment value a run could not use (``RULES`` in order, then
+    otel_llm's own readers), or None when every value can be used."""
+    sdk_on = None  # decided once the rule of OTEL_SDK_DISABLED has passed
+    for rule in RULES:
+        if rule.reader == SDK and rule.names != (ENV_SDK_DISABLED,):
+            if sdk_on is None:
+                sdk_on = _sdk_reads_variables()
+            if not sdk_on:
+                continue
+        for name in rule.names:
+            raw = os.environ.get(name)
+            if raw is not None and (problem := rule.problem(name, raw)) is not None:
+                return problem
+    return _readers_problem(sdk_on if sdk_on is not None else _sdk_reads_variables())
+
+
+def _readers_problem(sdk_on: bool) -> str | None:
+    """What otel_llm's own readers of the environment reject, in their words: the table above mirrors
+    them, and this keeps a run from starting should one ever be stricter."""
+    from otel_llm.emit.sampling import TailSampling
+    from otel_llm.export import otlp
+    from otel_llm.hooks.steps import resolve_detail
+    from otel_llm.setup import shutdown_timeout
+
+    try:
+        shutdown_timeout(None)
+        if sdk_on:
+            for signal in SIGNALS:
+                otlp.destination(signal)  # type: ignore[arg-type]
+        TailSampling.from_env()
+        resolve_detail(None)
+    except (TypeError, ValueError) as exc:
+        return str(exc)
+    return None
+
+
+def check(command: str) -> None:
+    """Exit with a usage error (status 2, one line) when an environment value cannot be used."""
+    problem = first_problem()
+    if problem is not None:
+        usage_error(command, problem)
