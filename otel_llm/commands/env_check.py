@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from otel_llm.commands._common import usage_error
+from otel_llm.export.channel import ENV_EXPORT_MODE, ENV_QUEUE_SIZE
+from otel_llm.export.channel import MODES as EXPORT_MODES
 
 SDK = "sdk"  # read by the OpenTelemetry SDK's providers and exporters, when the SDK is on
 API = "api"  # read by the OpenTelemetry API when it is imported, whatever the SDK does
@@ -38,8 +40,6 @@ OTEL_LLM = "otel_llm"  # read by otel_llm itself
 SIGNALS = ("traces", "metrics")
 ENV_SDK_DISABLED = "OTEL_SDK_DISABLED"
 ENV_CONFIG_FILE = "OTEL_CONFIG_FILE"
-ENV_EXPORT_MODE = "OTEL_LLM_EXPORT_MODE"
-EXPORT_MODES = ("process", "in_process")
 
 
 class Unusable(ValueError):
@@ -453,6 +453,12 @@ def _otel_llm_rules() -> list[Rule]:
             ("OTEL_LLM_TAIL_SAMPLING_TTFT_S", "OTEL_LLM_TAIL_SAMPLING_E2E_S"),
             number(0),
             "pass a threshold in seconds, from 0, e.g. 2.5",
+            reader=OTEL_LLM,
+        ),
+        Rule(
+            (ENV_QUEUE_SIZE,),
+            number(1, whole=True),
+            "pass how many finished requests may wait for the export process, a whole number, e.g. 16384",
             reader=OTEL_LLM,
         ),
         Rule(

@@ -12,8 +12,8 @@ object the caller puts in the request; vLLM keeps it in ``SamplingParams.extra_a
   request another instance prefilled.
 
 The role is per request, not per instance: one vLLM instance (``kv_role: kv_both``) may serve both kinds,
-and plain requests too. otel_llm adds its hand-off carrier (``otel_llm.hooks.handoff.CARRIER_KEYS``, strings) to
-the prefill instance's answer, so it travels through the caller to the decode instance with the
+and plain requests too. otel_llm adds its hand-off carrier (``otel_llm.hooks.handoff.CARRIER_KEYS``,
+strings) to the prefill instance's answer, so it travels through the caller to the decode instance with the
 connector's own keys. Nothing here imports vLLM.
 """
 
