@@ -27,11 +27,21 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from otlp_receivers import CALLER_TRACE_ID, attributes, drive_scenario
+from span_keys import otlp_keys, sdk_keys
 
-from otel_llm import RequestTracker
 from otel_llm import semconv as sc
+from otel_llm.commands.local_copy import tracker_with_local_copy
 from otel_llm.export.otlp_json import OtlpJsonSpanExporter
 from otel_llm.setup import configure
+
+# Every test here in both export modes (OTEL_LLM_EXPORT_MODE): configure()'s export process, and none.
+pytestmark = pytest.mark.both_modes
+
+
+@pytest.fixture(autouse=True)
+def _export_mode(env: pytest.MonkeyPatch, export_mode: str) -> None:
+    env.setenv("OTEL_LLM_EXPORT_MODE", export_mode)
+
 
 HEX_LENGTH = {"traceId": 32, "spanId": 16, "parentSpanId": 16}
 
@@ -74,11 +84,8 @@ def parse_lines(path: Path, message_type: type[Message]) -> list[Any]:
 
 def run_scenario_to_files() -> tuple[Path, Any, list[Any]]:
     telemetry = configure(service_name="file-engine", set_global=False)
-    memory = InMemorySpanExporter()
-    telemetry.tracer_provider.add_span_processor(SimpleSpanProcessor(memory))
-    tracker = RequestTracker(
-        tracer_provider=telemetry.tracer_provider, meter_provider=telemetry.meter_provider, model="file-model"
-    )
+    # A copy of the spans built in this process (in export mode process, from the export process's records).
+    tracker, memory = tracker_with_local_copy(telemetry, model="file-model")
     counts = drive_scenario(tracker, time.monotonic() - 5.0)
     tracker.force_flush()
     assert telemetry.shutdown(timeout_s=30)
@@ -98,19 +105,11 @@ def test_no_endpoint_writes_valid_otlp_json_files(env, tmp_path: Path) -> None:
         for ss in rs.scope_spans
         for span in ss.spans
     ]
-    from_file = {(s.trace_id, s.span_id, s.parent_span_id, s.name, s.kind) for _, s in spans}
-    from_sdk = {
-        (
-            s.context.trace_id.to_bytes(16, "big"),
-            s.context.span_id.to_bytes(8, "big"),
-            s.parent.span_id.to_bytes(8, "big") if s.parent else b"",
-            s.name,
-            s.kind.value + 1,  # SDK SpanKind starts at INTERNAL=0; OTLP reserves 0 for UNSPECIFIED
-        )
-        for s in in_memory
-    }
-    assert len(from_sdk) == counts.spans
-    assert from_file == from_sdk
+    assert sum(sdk_keys(in_memory).values()) == counts.spans
+    assert otlp_keys([s for _, s in spans]) == sdk_keys(in_memory)  # the same spans, in the same tree
+    kinds = {(s.name, s.kind) for _, s in spans}
+    # SDK SpanKind starts at INTERNAL=0; OTLP reserves 0 for UNSPECIFIED.
+    assert kinds == {(s.name, s.kind.value + 1) for s in in_memory}
     assert {attributes(r.attributes)["service.name"] for r, _ in spans} == {"file-engine"}
     assert CALLER_TRACE_ID in {s.trace_id.hex() for _, s in spans}
     preempted_events = [

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from otlp_receivers import HISTOGRAMS, HttpReceiver, attributes
@@ -43,14 +44,21 @@ def child_env(**extra: str) -> dict[str, str]:
 
 
 def histogram_points(receiver: HttpReceiver) -> dict[str, list]:
-    """The histogram points of the last metrics export (cumulative: it holds everything)."""
-    exports = [r.request for r in receiver.collected.received("metrics")]
+    """The latest histogram point of each metric and attribute set over every metrics export (cumulative:
+    the latest holds everything). A process may have two streams: a tracker made before configure()
+    exports from the engine's process, one made after from the export process beside it."""
+    latest: dict[tuple[str, tuple[Any, ...]], Any] = {}
+    for r in receiver.collected.received("metrics"):
+        for rm in r.request.resource_metrics:
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    if metric.HasField("histogram"):
+                        for p in metric.histogram.data_points:
+                            key = (metric.name, tuple(sorted(attributes(p.attributes).items())))
+                            latest[key] = p
     out: dict[str, list] = {}
-    for rm in exports[-1].resource_metrics if exports else []:
-        for sm in rm.scope_metrics:
-            for metric in sm.metrics:
-                if metric.HasField("histogram"):
-                    out.setdefault(metric.name, []).extend(metric.histogram.data_points)
+    for (name, _), point in latest.items():
+        out.setdefault(name, []).append(point)
     return out
 
 

@@ -23,6 +23,15 @@ from otlp_receivers import GrpcReceiver, HttpReceiver, Mode, closed_port, drive_
 from otel_llm import RequestTracker
 from otel_llm.setup import configure
 
+# Every test here in both export modes (OTEL_LLM_EXPORT_MODE): configure()'s export process, and none.
+pytestmark = pytest.mark.both_modes
+
+
+@pytest.fixture(autouse=True)
+def _export_mode(env: pytest.MonkeyPatch, export_mode: str) -> None:
+    env.setenv("OTEL_LLM_EXPORT_MODE", export_mode)
+
+
 RETURNS_WITHIN_S = 30.0  # "it returns": far above the configured 1 s bound, far below a hang
 
 
@@ -120,11 +129,14 @@ def test_delivery_counts_what_the_collector_received(env) -> None:
 def test_delivery_accounts_for_every_span_with_no_collector(env) -> None:
     env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{closed_port()}")
     telemetry = telemetry_with_pending_data()
-    ended = telemetry.drops.spans_ended
     telemetry.shutdown()
+    ended = telemetry.drops.spans_ended  # in export mode process, as the export process last said
     delivered, lost = telemetry.delivery("spans")
     assert ended > 0 and delivered == 0
     assert sum(lost.values()) == ended, lost  # each one lost, under a reason
+    # Export mode process: the requests whose spans were still in the export process when the shutdown's
+    # time ran out are counted as such too, and no other way.
+    assert set(telemetry.delivery("requests")[1]) <= {"unsent_at_shutdown"}
 
 
 @pytest.mark.parametrize(

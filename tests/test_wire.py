@@ -14,8 +14,6 @@ from typing import Any
 import pytest
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from otlp_receivers import (
     CALLER_SPAN_ID,
     CALLER_TRACE_ID,
@@ -26,11 +24,22 @@ from otlp_receivers import (
     attributes,
     drive_scenario,
 )
+from span_keys import otlp_keys, sdk_keys
 
 from otel_llm import RequestTracker
 from otel_llm import semconv as sc
+from otel_llm.commands.local_copy import tracker_with_local_copy
 from otel_llm.export.telemetry import Telemetry
 from otel_llm.setup import configure
+
+# Every test here in both export modes (OTEL_LLM_EXPORT_MODE): configure()'s export process, and none.
+pytestmark = pytest.mark.both_modes
+
+
+@pytest.fixture(autouse=True)
+def _export_mode(env: pytest.MonkeyPatch, export_mode: str) -> None:
+    env.setenv("OTEL_LLM_EXPORT_MODE", export_mode)
+
 
 PROTOCOLS = [
     pytest.param(GrpcReceiver, "grpc", id="grpc"),
@@ -47,14 +56,11 @@ def start(started: list[Any], receiver_type: type) -> Any:
 
 
 def run_scenario(started: list[Any]) -> tuple[Telemetry, ScenarioCounts, list[Any]]:
-    """configure() from the environment, drive the scenario, flush; return the in-memory span copy too."""
+    """configure() from the environment, drive the scenario, flush; return an in-memory copy of the spans
+    too, built in this process (in export mode process, from the same records as the export process's)."""
     telemetry = configure(service_name="name-from-code", set_global=False)
     started.append(telemetry)
-    memory = InMemorySpanExporter()
-    telemetry.tracer_provider.add_span_processor(SimpleSpanProcessor(memory))
-    tracker = RequestTracker(
-        tracer_provider=telemetry.tracer_provider, meter_provider=telemetry.meter_provider, model=MODEL
-    )
+    tracker, memory = tracker_with_local_copy(telemetry, model=MODEL)
     counts = drive_scenario(tracker, time.monotonic() - 5.0)
     tracker.force_flush()
     assert telemetry.force_flush(timeout_s=30)
@@ -99,31 +105,34 @@ def test_spans_resource_and_events_arrive(env, started, receiver_type, protocol)
     env.setenv("OTEL_SERVICE_NAME", "wire-engine")
     env.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment.name=wire-test,service.name=loses-to-env")
 
-    _, counts, in_memory = run_scenario(started)
+    telemetry, counts, in_memory = run_scenario(started)
     assert receiver.collected.wait_until(lambda c: len(c.spans()) >= counts.spans)
     received = receiver.collected.spans()
 
-    # Exactly the spans the SDK made, with their ids, parents and times, crossed the wire.
-    def key(trace_id: bytes, span_id: bytes, parent: bytes, name: str, start: int, end: int) -> tuple:
-        return trace_id.hex(), span_id.hex(), parent.hex(), name, start, end
+    # The spans of the copy made in this process crossed the wire, in the same tree and times.
+    assert sum(sdk_keys(in_memory).values()) == counts.spans
+    assert otlp_keys([s for _, s in received]) == sdk_keys(in_memory)
+    if telemetry.export_mode == "in_process":
+        # Built and exported by this process: the very same spans, the children's ids too.
+        def key(trace_id: bytes, span_id: bytes, parent: bytes, name: str, start: int, end: int) -> tuple:
+            return trace_id.hex(), span_id.hex(), parent.hex(), name, start, end
 
-    sent = {
-        key(
-            s.context.trace_id.to_bytes(16, "big"),
-            s.context.span_id.to_bytes(8, "big"),
-            s.parent.span_id.to_bytes(8, "big") if s.parent else b"",
-            s.name,
-            s.start_time,
-            s.end_time,
-        )
-        for s in in_memory
-    }
-    got = {
-        key(s.trace_id, s.span_id, s.parent_span_id, s.name, s.start_time_unix_nano, s.end_time_unix_nano)
-        for _, s in received
-    }
-    assert len(sent) == counts.spans
-    assert got == sent
+        sent = {
+            key(
+                s.context.trace_id.to_bytes(16, "big"),
+                s.context.span_id.to_bytes(8, "big"),
+                s.parent.span_id.to_bytes(8, "big") if s.parent else b"",
+                s.name,
+                s.start_time,
+                s.end_time,
+            )
+            for s in in_memory
+        }
+        got = {
+            key(s.trace_id, s.span_id, s.parent_span_id, s.name, s.start_time_unix_nano, s.end_time_unix_nano)
+            for _, s in received
+        }
+        assert got == sent
 
     for resource, _ in received:
         res = attributes(resource.attributes)

@@ -61,6 +61,11 @@ RESTART_FIRST_S = 0.5
 RESTART_MAX_S = 30.0
 QUEUE_FULL = "queue_full"
 PROCESS_EXITED = "export_process_exited"
+UNSENT_AT_SHUTDOWN = "unsent_at_shutdown"  # not through the export process when shutdown's time ran out
+# How long past the shutdown's deadline the export process may take to stop its exporters and say what it
+# delivered (its own shutdown's grace is 1 s), before it is killed. The caller is not held that long:
+# Telemetry.shutdown returns within its own grace, and this wait goes on in the sender thread.
+_STOP_GRACE_S = 3.0
 
 
 def export_mode(value: str | None = None) -> str | None:
@@ -139,7 +144,7 @@ class ExportChannel:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._producers: dict[int, tuple[Any, Any]] = {}  # key -> (producer, tail settings)
-        self._losses = {QUEUE_FULL: 0, PROCESS_EXITED: 0}
+        self._losses = {QUEUE_FULL: 0, PROCESS_EXITED: 0, UNSENT_AT_SHUTDOWN: 0}
         self._reset()
         _LIVE.add(self)
 
@@ -247,7 +252,7 @@ class ExportChannel:
                 return not self._queue
             self._stop_deadline = deadline
         self._wake()
-        thread.join(max(0.0, deadline - time.monotonic()) + 1.0)
+        thread.join(max(0.0, deadline - time.monotonic()) + _STOP_GRACE_S + 0.5)
         return bool(self._stopped_ok)
 
     # --- the sender thread ---------------------------------------------------------------------------
@@ -445,16 +450,23 @@ class ExportChannel:
             self._cond.notify_all()
 
     def _stop(self) -> None:
-        """Tell the export process to stop and wait for it until the deadline; kill it past that."""
+        """Tell the export process to stop within the deadline and wait for its answer until the grace
+        after it; past that it is killed, and the requests it had not finished count as unsent."""
         deadline = self._stop_deadline or time.monotonic()
         child = self._child
         if child is None:
+            with self._lock:
+                self._losses[UNSENT_AT_SHUTDOWN] += len(self._queue)
             self._stopped_ok = not self._queue
+            self._queue.clear()
             return
+        # The export process's own shutdown takes its budget and up to a second's grace to stop its
+        # exporters: it gets less than what is left here, so its answer still comes in time.
         left = max(0.0, deadline - time.monotonic())
-        self._send(encode("stop", left), 0)
+        self._send(encode("stop", max(left - 1.0, left / 2)), 0)
+        until = deadline + _STOP_GRACE_S
         while self._stopped_ok is None and self._child is not None:
-            left = deadline - time.monotonic()
+            left = until - time.monotonic()
             if left <= 0:
                 break
             if _readable([self._from_child], min(left, 0.1)):
@@ -462,16 +474,15 @@ class ExportChannel:
             elif child.poll() is not None:
                 self._read_replies()
                 break
+        in_time = self._stopped_ok is not None and time.monotonic() <= deadline
         if self._stopped_ok is None:
-            self._stopped_ok = False
-        try:
-            child.wait(max(0.0, deadline - time.monotonic()) + 0.5)
-        except subprocess.TimeoutExpired:
             child.kill()
-            child.wait()
+        child.wait()
+        self._stopped_ok = bool(self._stopped_ok) and in_time
         with self._lock:
-            self._losses[PROCESS_EXITED] += self._sent - self._done
+            self._losses[UNSENT_AT_SHUTDOWN] += self._sent - self._done + len(self._queue)
             self._done = self._sent
+            self._queue.clear()
         for fd in (self._to_child, self._from_child):
             if fd >= 0:
                 with contextlib.suppress(OSError):
@@ -488,7 +499,7 @@ class ExportChannel:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._queue = deque()
-        self._losses = {QUEUE_FULL: 0, PROCESS_EXITED: 0}
+        self._losses = {QUEUE_FULL: 0, PROCESS_EXITED: 0, UNSENT_AT_SHUTDOWN: 0}
         self._reset()
 
 

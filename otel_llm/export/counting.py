@@ -58,6 +58,7 @@ class DropCounter:
         self._lock = threading.Lock()
         self._counts: dict[tuple[str, str], int] = {}
         self._delivered: dict[str, int] = {}
+        self._in_flight: dict[str, int] = {}  # in exports that have not returned yet
         self.spans_ended = 0  # sampled spans that reached the batch span processor
 
     def add_delivered(self, signal: str, n: int) -> None:
@@ -68,6 +69,16 @@ class DropCounter:
         """Spans / metric points in exports that succeeded."""
         with self._lock:
             return self._delivered.get(signal, 0)
+
+    def in_flight(self, signal: str, n: int) -> None:
+        """``n`` more (or, negative, fewer) of ``signal`` in exports under way."""
+        with self._lock:
+            self._in_flight[signal] = self._in_flight.get(signal, 0) + n
+
+    def exporting(self, signal: str) -> int:
+        """How many of ``signal`` are in exports under way (neither delivered nor lost yet)."""
+        with self._lock:
+            return self._in_flight.get(signal, 0)
 
     def span_ended(self) -> None:
         with self._lock:
@@ -142,15 +153,19 @@ class CountingMetricExporter(MetricExporter):
     def export(
         self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
     ) -> MetricExportResult:
+        points = count_points(metrics_data)
+        self._drops.in_flight(METRIC_POINTS, points)
         try:
             result = self.inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
         except Exception:
-            self._drops.add(METRIC_POINTS, REASON_EXPORT_FAILED, count_points(metrics_data))
+            self._drops.add(METRIC_POINTS, REASON_EXPORT_FAILED, points)
             raise
+        finally:
+            self._drops.in_flight(METRIC_POINTS, -points)
         if result is MetricExportResult.SUCCESS:
-            self._drops.add_delivered(METRIC_POINTS, count_points(metrics_data))
+            self._drops.add_delivered(METRIC_POINTS, points)
         else:
-            self._drops.add(METRIC_POINTS, REASON_EXPORT_FAILED, count_points(metrics_data))
+            self._drops.add(METRIC_POINTS, REASON_EXPORT_FAILED, points)
         return result
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:

@@ -46,6 +46,7 @@ from otel_llm.record.wire import decode, encode, figures_from, info_from, record
 
 _log = logging.getLogger("otel_llm")
 
+UNSENT_AT_SHUTDOWN = "unsent_at_shutdown"  # as otel_llm.export.telemetry names it
 ACK_EVERY_S = 0.1  # how often a changed ``done`` is told, besides after every batch
 PARENT_CHECK_S = 0.5
 
@@ -125,6 +126,7 @@ class ExportProcess:
         # (record number, spans ended once it was emitted), oldest first, for the records not yet done.
         self._pending: deque[tuple[int, int]] = deque()
         self.done = 0  # the number of the last record done (records are numbered from 1)
+        self.received = 0  # the number of the last record received
         self._told = -1
 
     def batch(self, body: Any) -> None:
@@ -137,6 +139,7 @@ class ExportProcess:
                 producer.update(figures_from(fields))
         drops, pending = self.drops, self._pending
         seq = first_seq
+        self.received = first_seq + len(records) - 1
         for key, fields in records:
             emitter = self.emitters.get(key)
             if emitter is not None:
@@ -168,11 +171,23 @@ class ExportProcess:
             self.done = pending.popleft()[0]
         return self.done
 
-    def delivery(self) -> dict[str, Any]:
+    def delivery(self, stopped: bool = False) -> dict[str, Any]:
+        """What the pipeline delivered and lost, by signal; once ``stopped``, the spans neither exported
+        nor counted lost (still queued when the shutdown's time ran out) count as ``unsent_at_shutdown``:
+        this process ends, and nothing will count them later."""
         drops = self.drops
+        spans = drops.by_reason("spans")
+        delivered, ended = drops.delivered("spans"), drops.spans_ended
+        if stopped:
+            unsent = ended - delivered - sum(spans.values())
+            if unsent > 0:
+                spans[UNSENT_AT_SHUTDOWN] = unsent
+        points = drops.by_reason("metric_points")
+        if stopped and drops.exporting("metric_points"):  # an export the shutdown cut off
+            points[UNSENT_AT_SHUTDOWN] = drops.exporting("metric_points")
         return {
-            "spans": (drops.delivered("spans"), drops.by_reason("spans"), drops.spans_ended),
-            "metric_points": (drops.delivered("metric_points"), drops.by_reason("metric_points"), 0),
+            "spans": (delivered, spans, ended),
+            "metric_points": (drops.delivered("metric_points"), points, 0),
         }
 
     def ack_if_changed(self, fd: int, force: bool = False) -> None:
@@ -236,8 +251,9 @@ def serve(read_fd: int, write_fd: int) -> int:
                 write_frame(write_fd, encode("flushed", (body, ok, done, process.delivery())))
             elif kind == "stop":
                 ok = process.stop(float(body))
-                done = process.settle()
-                write_frame(write_fd, encode("stopped", (ok, done, process.delivery())))
+                # Stopped: every record's spans are delivered, lost, or counted as unsent now.
+                done = process.received
+                write_frame(write_fd, encode("stopped", (ok, done, process.delivery(stopped=True))))
                 return 0
         now = time.monotonic()
         if process is not None and now - last_ack >= ACK_EVERY_S:

@@ -1,8 +1,10 @@
 """Shared pieces of the fault tests: a telemetry pipeline built by ``configure()`` from the environment,
 a count of the spans the SDK produced, an engine-like request driver, and receivers on a chosen port.
 
-"Produced" spans are counted by a real span processor on the same tracer provider, so every test can
-check the conservation rule: spans received by the collector + spans counted as dropped == produced.
+"Produced" spans are counted by a real span processor on the same tracer provider (export mode
+``in_process``) or, in export mode ``process``, as the export process's own count of the spans its
+pipeline was given (``Telemetry.drops.spans_ended``, as it last reported), so every test can check the
+conservation rule: spans received by the collector + spans counted as dropped == produced.
 """
 
 from __future__ import annotations
@@ -58,14 +60,27 @@ class ProducedSpans(SpanProcessor):
         return True
 
 
+class SpansEnded:
+    """In export mode ``process``: the spans the export process's pipeline was given, as it reported."""
+
+    def __init__(self, telemetry: Telemetry) -> None:
+        self._telemetry = telemetry
+
+    @property
+    def count(self) -> int:
+        return int(self._telemetry.drops.spans_ended)
+
+
 def build(
     started: list[Any], keep_ids: bool = True, **tracker_kwargs: Any
-) -> tuple[Telemetry, RequestTracker, ProducedSpans]:
+) -> tuple[Telemetry, RequestTracker, Any]:
     """``configure()`` from the environment, a produced-span counter and a tracker on its providers."""
     telemetry = configure(set_global=False, shutdown_timeout_s=1.0)
     started.append(telemetry)
-    produced = ProducedSpans(keep_ids)
-    telemetry.tracer_provider.add_span_processor(produced)
+    produced: Any = SpansEnded(telemetry)
+    if telemetry.export_mode == "in_process":
+        produced = ProducedSpans(keep_ids)
+        telemetry.tracer_provider.add_span_processor(produced)
     tracker_kwargs.setdefault("model", "fault-model")
     tracker = RequestTracker(
         tracer_provider=telemetry.tracer_provider, meter_provider=telemetry.meter_provider, **tracker_kwargs

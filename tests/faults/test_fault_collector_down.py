@@ -14,6 +14,15 @@ from otlp_receivers import GrpcReceiver, HttpReceiver, Mode, closed_port
 
 from otel_llm.export.counting import METRIC_POINTS, REASON_EXPORT_FAILED, REASON_QUEUE_FULL, SPANS
 
+# Every test here in both export modes (OTEL_LLM_EXPORT_MODE): configure()'s export process, and none.
+pytestmark = pytest.mark.both_modes
+
+
+@pytest.fixture(autouse=True)
+def _export_mode(env: pytest.MonkeyPatch, export_mode: str) -> None:
+    env.setenv("OTEL_LLM_EXPORT_MODE", export_mode)
+
+
 PROTOCOLS = [pytest.param("grpc", id="grpc"), pytest.param("http/protobuf", id="http")]
 RECEIVERS = [
     pytest.param(GrpcReceiver, "grpc", id="grpc"),
@@ -29,7 +38,7 @@ def test_refused_connection_every_lost_span_and_point_is_counted(env, started, p
 
     on_thread(lambda: serve(tracker, range(200)))
 
-    assert produced.count > 0
+    assert wait_for(lambda: produced.count > 0)
     assert wait_for(lambda: balanced(0, dropped_spans(telemetry), produced.count)), (
         dropped_spans(telemetry),
         produced.count,
@@ -38,7 +47,7 @@ def test_refused_connection_every_lost_span_and_point_is_counted(env, started, p
     spans = telemetry.drops.by_reason(SPANS)
     assert spans[REASON_EXPORT_FAILED] == produced.count and spans[REASON_QUEUE_FULL] == 0
 
-    on_thread(lambda: telemetry.meter_provider.force_flush(timeout_millis=10_000))
+    on_thread(lambda: telemetry.force_flush(timeout_s=10))
     assert wait_for(lambda: telemetry.drops.total(METRIC_POINTS) > 0)
 
 
@@ -67,5 +76,9 @@ def test_black_hole_hooks_never_wait_and_shutdown_is_bounded(env, started, recei
     )
     assert received_span_ids(receiver.collected) == []
     spans = telemetry.drops.by_reason(SPANS)
-    assert spans[REASON_QUEUE_FULL] > 0 and spans[REASON_EXPORT_FAILED] > 0
+    # The exports the shutdown cut off: failed, or (in the export process, which then ends) unsent.
+    cut_off = spans[REASON_EXPORT_FAILED] + spans.get("unsent_at_shutdown", 0)
+    assert spans[REASON_QUEUE_FULL] > 0 and cut_off > 0
+    if telemetry.export_mode == "in_process":
+        assert spans[REASON_EXPORT_FAILED] > 0
     assert wait_for(lambda: telemetry.drops.total(METRIC_POINTS) > 0)

@@ -3,7 +3,9 @@
 Once a shutdown gave up on its exporters (the collector never answered), the lines those exporters log
 about being stopped repeat a loss the handle already reported, and are dropped. A pipeline made later in
 the same process (a test suite, a server that reconfigures) has its own threads: its export failures,
-worded the same, must still be logged.
+worded the same, must still be logged. This is about pipelines sharing one process's loggers, so it runs
+in export mode ``in_process``: in mode ``process`` each pipeline's exporters log in an export process of
+their own.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ def use(env, receiver: HttpReceiver) -> None:
 
 
 def test_a_later_pipeline_still_logs_its_export_failures(env, started, caplog) -> None:
+    env.setenv("OTEL_LLM_EXPORT_MODE", "in_process")
     caplog.set_level(logging.DEBUG)
 
     # A collector that takes the last batch and never answers: shutdown gives up on the exporters.
