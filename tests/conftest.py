@@ -2,10 +2,7 @@
 
 Metrics go to the SDK's standard InMemoryMetricReader on a provider the test builds, as a user's own
 set-up would (tests/metric_capture.py): nothing of ours sits between the tracker and the reader.
-
-Also the quick run, ``python -m pytest --quick``: the suite without the tiers that need an environment the
-README's test command builds. Their folders are not even collected (collecting them alone takes seconds),
-and one line of the summary names what was left out.
+Also the hooks of ``python -m pytest --quick`` (tests/quick_run.py).
 """
 
 from __future__ import annotations
@@ -19,54 +16,13 @@ from metric_capture import MetricCapture
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from quick_run import pytest_addoption, pytest_ignore_collect, pytest_terminal_summary
 
 from otel_llm import RequestTracker
 from otel_llm import semconv as sc
 
 US = 1_000  # nanoseconds per microsecond
-
-TESTS = Path(__file__).resolve().parent
-# What --quick leaves out, as the summary line names it, with the paths under tests/ it holds.
-TIERS = (
-    ("the engine tiers", ("vllm", "sglang")),  # .venv-vllm, .venv-vllm-cpu, .venv-sglang
-    ("the Collector tier", ("collector",)),  # the Collector, Jaeger and Prometheus binaries
-    ("the minimum-version tier", ("test_min_versions.py",)),  # .venv-min
-)
-TIER_PATHS = {TESTS / name for _, names in TIERS for name in names}
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption(
-        "--quick",
-        action="store_true",
-        help="leave out the engine tiers (tests/vllm, tests/sglang), the Collector tier (tests/collector) "
-        "and the minimum-version tier (tests/test_min_versions.py), which need the environments the "
-        "README's test command builds",
-    )
-
-
-def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    if config.getoption("quick") and collection_path in TIER_PATHS:
-        return True
-    return None  # not False: that would collect a path another rule leaves out
-
-
-def quick_left_out(config: pytest.Config) -> list[str]:
-    """The tiers --quick left out of this run: those inside a folder it was asked to collect (a tier
-    named on the command line is collected, as pytest collects any path it is given)."""
-    asked = [(config.invocation_params.dir / arg.split("::")[0]).resolve() for arg in config.args]
-    return [
-        f"{tier} ({', '.join(f'tests/{name}' for name in names)})"
-        for tier, names in TIERS
-        if any(where in (TESTS / name).parents for where in asked for name in names)
-    ]
-
-
-def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    left_out = quick_left_out(config) if config.getoption("quick") else []
-    if left_out:
-        tiers = ", ".join(left_out[:-1]) + " and " + left_out[-1] if len(left_out) > 1 else left_out[0]
-        terminalreporter.write_line(f"--quick left out {tiers}: `python -m pytest` runs them too")
+QUICK_RUN_HOOKS = (pytest_addoption, pytest_ignore_collect, pytest_terminal_summary)  # pytest finds them here
 
 
 class RequestTrace:

@@ -43,12 +43,12 @@ INSTRUMENTED = {"vllm", "sglang"}
 
 
 def run(args: list[object], *, cwd: Path, env: dict[str, str] | None = None) -> str:
-    """Run a command to completion; fails the test with its output when it exits non-zero."""
+    """Run a command to completion and return its stdout; fails the test with its output when it fails."""
     words = [str(a) for a in args]
     done = subprocess.run(words, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     said = f"{' '.join(words)} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     assert done.returncode == 0, said
-    return done.stdout + done.stderr
+    return done.stdout
 
 
 def package_files() -> set[str]:
@@ -175,6 +175,28 @@ def test_the_sdist_and_the_wheel_hold_every_file_of_the_package(dist: dict[str, 
     assert f"{PACKAGE.name}/py.typed" in in_wheel
 
 
+# A module that finds a file from its own location (Path(__file__).parent..., os.path.dirname(__file__)).
+_FROM_OWN_FILE = re.compile(
+    r"((?:os\.path\.dirname\()*)(?:Path\()?__file__\)?(?:\.resolve\(\)|\.absolute\(\))?"
+    r"((?:\.parent\b)*)(?:\.parents\[(\d+)\])?"
+)
+
+
+def test_no_module_reads_a_file_from_outside_the_package() -> None:
+    # Every file inside otel_llm/ is in the wheel (above); one that a module finds by climbing out of
+    # the package from its own location (the checkout's other folders) is not, and fails once installed.
+    outside = []
+    for module in sorted(PACKAGE.rglob("*.py")):
+        depth = len(module.relative_to(ROOT).parts) - 1  # folders it may climb and stay in otel_llm/
+        for found in _FROM_OWN_FILE.finditer(module.read_text()):
+            dirnames, parents, index = found.groups()
+            climbs = dirnames.count("dirname") + parents.count(".parent") + (int(index) + 1 if index else 0)
+            if climbs > depth:
+                line = module.read_text()[: found.start()].count("\n") + 1
+                outside.append(f"{module.relative_to(ROOT)}:{line}")
+    assert not outside, f"these read from outside otel_llm/, which the wheel does not hold: {outside}"
+
+
 _TYPED_PROBE = """
 import importlib.metadata as md, importlib.resources as res, json, otel_llm
 record = [str(f) for f in md.files("otel-llm")]
@@ -199,6 +221,7 @@ def test_the_installed_package_is_the_wheel_with_its_type_information(
 def test_the_demo_and_view_run_from_the_wheel(installed: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     env = clean_env()
+    assert (installed / "otel-llm").is_file(), "the wheel installs no otel-llm command"
     demo = [installed / "otel-llm", "demo", "--requests", DEMO_REQUESTS, "--output-dir", out]
     run(demo, cwd=tmp_path, env=env)
     (run_dir,) = out.iterdir()  # the demo's own run folder
@@ -285,12 +308,14 @@ def test_opentelemetry_instrument_runs_a_script_that_uses_the_wheel(installed: P
     script.write_text(_INSTRUMENTED_SCRIPT)
     env = clean_env(OTEL_TRACES_EXPORTER="console", OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none")
     said = run([installed / "opentelemetry-instrument", installed / "python", script], cwd=tmp_path, env=env)
-    decoder = json.JSONDecoder()
-    objects, at = [], said.find("{")
-    while at >= 0:
-        found, end = decoder.raw_decode(said, at)
-        objects.append(found)
-        at = said.find("{", end)
+    decoder, objects, at = json.JSONDecoder(), [], said.find("{")
+    while at >= 0:  # the console exporter's spans (JSON objects, one after another) and the report
+        try:
+            found, at = decoder.raw_decode(said, at)
+            objects.append(found)
+        except ValueError:
+            at += 1
+        at = said.find("{", at)
     (report,) = [o for o in objects if "before" in o]
     # The instrumentors wait for vLLM or SGLang (their instruments-any extra in the wheel's metadata):
     # without either, opentelemetry-instrument imports nothing of otel_llm.
