@@ -2,6 +2,7 @@
 providers with in-memory exporters, tests/harness.py) or, for tests marked ``both_modes``, in both modes:
 ``process`` puts the export process and a real OTLP receiver between the tracker and the test
 (tests/export_harness.py).
+Also the hooks of ``python -m pytest --quick`` (tests/quick_run.py).
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from typing import Any
 
 import pytest
 from harness import US, Harness, RequestTrace  # noqa: F401  (re-exported for the test modules)
+from quick_run import pytest_addoption, pytest_ignore_collect, pytest_terminal_summary
 
+QUICK_RUN_HOOKS = (pytest_addoption, pytest_ignore_collect, pytest_terminal_summary)  # pytest finds them here
 EXPORT_MODES = ("in_process", "process")
 
 

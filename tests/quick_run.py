@@ -1,0 +1,56 @@
+"""The quick run, ``python -m pytest --quick``: the suite without the tiers that need an environment the
+README's test command builds (tests/conftest.py registers these hooks).
+
+The tiers' folders are not even collected (collecting them alone takes seconds), so nothing fails or
+skips for a missing environment, and one line of the summary names what was left out.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+# What --quick leaves out, as the summary line names it, with the paths under tests/ it holds.
+TIERS = (
+    ("the engine tiers", ("vllm", "sglang")),  # .venv-vllm, .venv-vllm-cpu, .venv-sglang
+    ("the Collector tier", ("collector",)),  # the Collector, Jaeger and Prometheus binaries
+    ("the minimum-version tier", ("test_min_versions.py",)),  # .venv-min
+)
+TIER_PATHS = {TESTS / name for _, names in TIERS for name in names}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--quick",
+        action="store_true",
+        help="leave out the engine tiers (tests/vllm, tests/sglang), the Collector tier (tests/collector) "
+        "and the minimum-version tier (tests/test_min_versions.py), which need the environments the "
+        "README's test command builds",
+    )
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    if config.getoption("quick") and collection_path in TIER_PATHS:
+        return True
+    return None  # not False: that would collect a path another rule leaves out
+
+
+def left_out(config: pytest.Config) -> list[str]:
+    """The tiers --quick left out of this run: those inside a folder it was asked to collect (a tier
+    named on the command line is collected, as pytest collects any path it is given)."""
+    asked = [(config.invocation_params.dir / arg.split("::")[0]).resolve() for arg in config.args]
+    return [
+        f"{tier} ({', '.join(f'tests/{name}' for name in names)})"
+        for tier, names in TIERS
+        if any(where in (TESTS / name).parents for where in asked for name in names)
+    ]
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    tiers = left_out(config) if config.getoption("quick") else []
+    if tiers:
+        named = ", ".join(tiers[:-1]) + " and " + tiers[-1] if len(tiers) > 1 else tiers[0]
+        terminalreporter.write_line(f"--quick left out {named}: `python -m pytest` runs them too")
