@@ -415,6 +415,11 @@ class ExportChannel:
         """The export process is gone: what it had not finished (and ``unsent`` records of a message it
         did not take) is counted as lost; it is started again after the back-off."""
         child, self._child = self._child, None
+        if child is not None:  # how it ended says more than the broken pipe that showed it
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(0.2)
+            if child.returncode is not None:
+                why = _exit_words(child.returncode)
         with self._lock:
             lost = self._sent - self._done + unsent
             self._losses[PROCESS_EXITED] += lost

@@ -60,10 +60,15 @@ class DropCounter:
         self._delivered: dict[str, int] = {}
         self._in_flight: dict[str, int] = {}  # in exports that have not returned yet
         self.spans_ended = 0  # sampled spans that reached the batch span processor
+        # Called (outside the lock) when spans left the pipeline, delivered or lost: the export process
+        # tells the engine at once which requests are done (otel_llm.export.process).
+        self.on_spans_left: Callable[[], None] | None = None
 
     def add_delivered(self, signal: str, n: int) -> None:
         with self._lock:
             self._delivered[signal] = self._delivered.get(signal, 0) + n
+        if signal == SPANS and self.on_spans_left is not None:
+            self.on_spans_left()
 
     def delivered(self, signal: str) -> int:
         """Spans / metric points in exports that succeeded."""
@@ -90,6 +95,8 @@ class DropCounter:
         with self._lock:
             key = (signal, reason)
             self._counts[key] = self._counts.get(key, 0) + n
+        if signal == SPANS and self.on_spans_left is not None:
+            self.on_spans_left()
 
     def by_reason(self, signal: str) -> dict[str, int]:
         """``{reason: count}`` for one signal, e.g. ``{"queue_full": 12, "export_failed": 0, ...}``."""

@@ -1,14 +1,16 @@
 """Length-prefixed frames over a pipe: how the engine's process and its export process delimit messages.
 
 A frame is a 4-byte little-endian length and that many bytes (one ``otel_llm.record.wire`` message).
-Writes go whole (``os.write`` until every byte is out, on a blocking descriptor); reads collect bytes as
-they come and hand out the frames that are complete.
+``write_frame`` writes a frame whole, on a blocking descriptor (the engine's sender thread, which may
+wait); ``FrameWriter`` never blocks (the export process); reads collect bytes as they come and hand out
+the frames that are complete.
 """
 
 from __future__ import annotations
 
 import os
 import struct
+import threading
 from collections.abc import Iterator
 
 _HEADER = struct.Struct("<I")
@@ -54,3 +56,42 @@ class FrameReader:
             frame = bytes(buffer[_HEADER.size : end])
             del buffer[:end]
             yield frame
+
+
+class FrameWriter:
+    """Frames to ``fd`` without ever blocking the writer: what the pipe cannot take now waits here and
+    goes with the next ``send`` or ``flush``. The export process answers through one, so that it keeps
+    reading the engine's messages however slowly the engine reads its answers (two processes each
+    blocked writing to the other would never move again). A frame marked ``droppable`` (a report a later
+    one supersedes) is left out while older bytes still wait."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        os.set_blocking(fd, False)
+        self._pending = bytearray()
+        self._lock = threading.Lock()
+
+    def send(self, payload: bytes, droppable: bool = False) -> None:
+        with self._lock:
+            if droppable and self._pending:
+                return
+            self._pending += _HEADER.pack(len(payload)) + payload
+            self._flush()
+
+    def flush(self) -> bool:
+        """Write what waits, as far as the pipe takes it; True when nothing waits any more."""
+        with self._lock:
+            self._flush()
+            return not self._pending
+
+    @property
+    def waiting(self) -> bool:
+        return bool(self._pending)
+
+    def _flush(self) -> None:
+        while self._pending:
+            try:
+                written = os.write(self.fd, self._pending)
+            except BlockingIOError:
+                return
+            del self._pending[:written]

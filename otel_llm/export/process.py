@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import os
 import select
+import signal
 import sys
 import threading
 import time
@@ -40,14 +41,15 @@ from typing import Any
 
 from otel_llm.emit.pipeline import Emitter
 from otel_llm.emit.sampling import TailSampling
-from otel_llm.export.frames import FrameReader, write_frame
+from otel_llm.export.frames import FrameReader, FrameWriter
 from otel_llm.record import Figures, StepRecorder, TrackerInfo
 from otel_llm.record.wire import decode, encode, figures_from, info_from, record_from
 
 _log = logging.getLogger("otel_llm")
 
 UNSENT_AT_SHUTDOWN = "unsent_at_shutdown"  # as otel_llm.export.telemetry names it
-ACK_EVERY_S = 0.1  # how often a changed ``done`` is told, besides after every batch
+ACK_EVERY_S = 0.1  # how often changed counts are told, besides after every batch and as spans leave
+STOPPED_REPLY_S = 2.0  # how long the last answer may wait for the engine to read it
 PARENT_CHECK_S = 0.5
 
 
@@ -127,7 +129,9 @@ class ExportProcess:
         self._pending: deque[tuple[int, int]] = deque()
         self.done = 0  # the number of the last record done (records are numbered from 1)
         self.received = 0  # the number of the last record received
-        self._told = -1
+        self._told: tuple[int, str] = (-1, "")  # the last (done, counts) told to the engine
+        self._ack_lock = threading.Lock()  # acks come from this loop and from the exporter's thread
+        self.replies: FrameWriter | None = None
 
     def batch(self, body: Any) -> None:
         first_seq, trackers, records, figures, losses = body
@@ -190,11 +194,27 @@ class ExportProcess:
             "metric_points": (drops.delivered("metric_points"), points, 0),
         }
 
-    def ack_if_changed(self, fd: int, force: bool = False) -> None:
-        done = self.settle()
-        if force or done != self._told:
-            self._told = done
-            write_frame(fd, encode("ack", (done, self.delivery())))
+    def ack_if_changed(self, counts: bool = False) -> None:
+        """Tell the engine how far this process got, when that changed (with ``counts``: also when only
+        the pipeline's counts did). Called by the span pipeline as soon as spans left it, so that the
+        engine's count of what a killed export process lost is what it had not finished; after each
+        batch and on a timer with the counts. Never waits on the engine: an ack the pipe cannot take
+        now is superseded by a later one."""
+        replies = self.replies
+        if replies is None:
+            return
+        with self._ack_lock:
+            done = self.settle()
+            delivery = self.delivery()
+            told = (done, repr(delivery)) if counts else (done, self._told[1])
+            if told != self._told:
+                self._told = (done, repr(delivery))
+                replies.send(encode("ack", (done, delivery)), droppable=True)
+
+    def reply(self, kind: str, body: Any) -> None:
+        """An answer the engine waits for (never dropped)."""
+        if self.replies is not None:
+            self.replies.send(encode(kind, body))
 
     def flush(self, timeout_s: float) -> bool:
         for emitter in self.emitters.values():
@@ -226,6 +246,7 @@ def _register_losses(meter_provider: Any, process: ExportProcess) -> None:
 def serve(read_fd: int, write_fd: int) -> int:
     """Run until the engine stops this process or goes away; the exit status."""
     reader = FrameReader(read_fd)
+    replies = FrameWriter(write_fd)
     poller = select.poll()
     poller.register(read_fd, select.POLLIN | select.POLLHUP | select.POLLERR)
     process: ExportProcess | None = None
@@ -239,26 +260,28 @@ def serve(read_fd: int, write_fd: int) -> int:
             kind, body = decode(frame)
             if kind == "start":
                 process = ExportProcess(body)
+                process.replies = replies
+                process.drops.on_spans_left = process.ack_if_changed
                 parent = body.get("parent_pid", parent)
             elif process is None:
                 continue
             elif kind == "batch":
                 process.batch(body)
-                process.ack_if_changed(write_fd)
+                process.ack_if_changed(counts=True)
             elif kind == "flush":
                 ok = process.flush(process.telemetry.shutdown_timeout_s)
-                done = process.settle()
-                write_frame(write_fd, encode("flushed", (body, ok, done, process.delivery())))
+                process.reply("flushed", (body, ok, process.settle(), process.delivery()))
             elif kind == "stop":
                 ok = process.stop(float(body))
                 # Stopped: every record's spans are delivered, lost, or counted as unsent now.
-                done = process.received
-                write_frame(write_fd, encode("stopped", (ok, done, process.delivery(stopped=True))))
+                process.reply("stopped", (ok, process.received, process.delivery(stopped=True)))
+                _drain(replies, STOPPED_REPLY_S)
                 return 0
+        replies.flush()
         now = time.monotonic()
         if process is not None and now - last_ack >= ACK_EVERY_S:
             last_ack = now
-            process.ack_if_changed(write_fd)
+            process.ack_if_changed(counts=True)
         if not ended and now - last_parent_check >= PARENT_CHECK_S:
             last_parent_check = now
             ended = os.getppid() != parent
@@ -268,7 +291,21 @@ def serve(read_fd: int, write_fd: int) -> int:
             return 0
 
 
+def _drain(replies: FrameWriter, timeout_s: float) -> None:
+    """Wait (at most ``timeout_s`` seconds) until the engine has taken every answer still waiting."""
+    deadline = time.monotonic() + timeout_s
+    while not replies.flush() and time.monotonic() < deadline:
+        poller = select.poll()
+        poller.register(replies.fd, select.POLLOUT | select.POLLERR)
+        poller.poll(50)
+
+
 def main(argv: list[str] | None = None) -> int:
+    # Ctrl-C in a terminal, or a service manager stopping the engine's whole process group (systemd's
+    # default, a container's stop), reaches this process too: the engine's process stops it in its own
+    # shutdown (or, gone, closes its pipe), so that what it holds is exported first.
+    for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
         print(

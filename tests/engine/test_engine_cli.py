@@ -91,5 +91,7 @@ def test_each_run_writes_its_own_files_and_prints_only_what_it_wrote(tmp_path: P
     blocked = tmp_path / "blocked"
     blocked.write_text("a file where a folder should be")
     unwritable = _cli("demo", "--requests", "2", "--output-dir", str(blocked), cwd=tmp_path)
-    assert unwritable.returncode == 0, unwritable.stderr
-    assert str(blocked) not in unwritable.stdout and "Traceback" not in unwritable.stdout
+    # Found before the engine starts: one line naming the folder, nothing run, no file claimed.
+    assert unwritable.returncode == 2, unwritable.stderr
+    assert unwritable.stdout == "" and "Traceback" not in unwritable.stderr
+    assert str(blocked) in unwritable.stderr and len(unwritable.stderr.strip().splitlines()) == 1
