@@ -143,7 +143,9 @@ class ExportChannel:
         self._queue: deque[tuple[int, RequestRecord]] = deque()
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
-        self._producers: dict[int, tuple[Any, Any]] = {}  # key -> (producer, tail settings)
+        # key -> (the tracker, weakly: one that is gone stops reporting, as in process; tail settings)
+        self._producers: dict[int, tuple[weakref.ref[Any], Any]] = {}
+        self._keys = 0
         self._losses = {QUEUE_FULL: 0, PROCESS_EXITED: 0, UNSENT_AT_SHUTDOWN: 0}
         self._reset()
         _LIVE.add(self)
@@ -185,8 +187,9 @@ class ExportChannel:
     def add(self, producer: Producer, tail: Any) -> int:
         """A tracker that feeds this channel; returns its key in the stream."""
         with self._lock:
-            key = len(self._producers) + 1
-            self._producers[key] = (producer, tail)
+            self._keys += 1
+            key = self._keys
+            self._producers[key] = (weakref.ref(producer), tail)
         self._ensure_thread()
         return key
 
@@ -309,17 +312,18 @@ class ExportChannel:
             queue = self._queue
             n = min(len(queue), MAX_BATCH)
             batch = [queue.popleft() for _ in range(n)]
+            producers, gone = self._live()
             with self._lock:
-                producers = list(self._producers.items())
                 losses = {"records": dict(self._losses), **self._engine_drops()}
-            greet = [
-                (k, info_tuple(p.info), _tail_tuple(t)) for k, (p, t) in producers if k not in self._greeted
-            ]
-            figures = [(k, figures_tuple(p.figures(drain=True))) for k, (p, _) in producers]
-            body = (self._sent + 1, greet, [(k, record_tuple(r)) for k, r in batch], figures, losses)
+            greeted = self._greeted
+            greet = [(k, info_tuple(p.info), _tail_tuple(t)) for k, p, t in producers if k not in greeted]
+            figures = [(k, figures_tuple(p.figures(drain=True))) for k, p, _ in producers]
+            records = [(k, record_tuple(r)) for k, r in batch]
+            body = (self._sent + 1, greet, records, figures, losses, gone)
             if not self._send(encode("batch", body), n):
                 return
-            self._greeted.update(k for k, _, _ in greet)
+            greeted.update(k for k, _, _ in greet)
+            greeted.difference_update(gone)
             if not (everything and queue):
                 return
 
@@ -368,12 +372,27 @@ class ExportChannel:
         settings = {**self._settings, "parent_pid": os.getpid()}
         return self._send(encode("start", settings), 0)
 
+    def _live(self) -> tuple[list[tuple[int, Any, Any]], list[int]]:
+        """(key, tracker, tail settings) of the trackers alive, and the keys of those gone since (their
+        emitters in the export process are let go)."""
+        with self._lock:
+            entries = list(self._producers.items())
+            live, gone = [], []
+            for key, (ref, tail) in entries:
+                producer = ref()
+                if producer is None:
+                    gone.append(key)
+                    del self._producers[key]
+                else:
+                    live.append((key, producer, tail))
+        return live, gone
+
     def _active(self) -> bool:
         """Whether a tracker has something to report before any record: requests in flight, per-step
         samples, or anything the engine reported of itself."""
         with self._lock:
-            producers = [p for p, _ in self._producers.values()]
-        return any(_reports(p.figures()) for p in producers)
+            producers = [ref() for ref, _ in self._producers.values()]
+        return any(_reports(p.figures()) for p in producers if p is not None)
 
     def _read_replies(self) -> None:
         reader = self._reader

@@ -11,10 +11,11 @@ Messages (``otel_llm.record.wire``; each framed by ``otel_llm.export.frames``):
 
 - ``start`` {settings}: first, once: ``service_name``, ``output_dir``, ``resource_attributes``,
   ``shutdown_timeout_s``, ``parent_pid``;
-- ``batch`` (first_seq, trackers, records, figures, losses): ``trackers`` new to this process as
+- ``batch`` (first_seq, trackers, records, figures, losses, gone): ``trackers`` new to this process as
   (key, TrackerInfo fields, tail-sampling settings or None); ``records`` as (key, RequestRecord fields),
   numbered from ``first_seq`` on; ``figures`` as (key, Figures fields), the per-step samples in them fed
-  to that tracker's recorders; ``losses``: the engine's own count of records lost, by reason;
+  to that tracker's recorders; ``losses``: the engine's own count of records lost, by reason, and its
+  own pipeline's losses by signal; ``gone``: the keys of trackers the engine no longer has;
 - ``flush`` id: export everything, answer ``flushed`` (id, in time, done, delivery);
 - ``stop`` timeout: shut the pipeline down within it, answer ``stopped`` (in time, done, delivery), exit.
 
@@ -134,7 +135,7 @@ class ExportProcess:
         self.replies: FrameWriter | None = None
 
     def batch(self, body: Any) -> None:
-        first_seq, trackers, records, figures, losses = body
+        first_seq, trackers, records, figures, losses, gone = body
         for key, info_fields, tail in trackers:
             self._tracker(key, info_from(info_fields), tail)
         for key, fields in figures:
@@ -150,6 +151,9 @@ class ExportProcess:
                 emitter.request(record_from(fields))
             pending.append((seq, drops.spans_ended))
             seq += 1
+        for key in gone:  # trackers the engine let go: their emitters stop reporting, as in process
+            self.emitters.pop(key, None)
+            self.producers.pop(key, None)
         self.losses = dict(losses.get("records", {}))
         self.engine_drops = {
             signal: losses[signal] for signal in ("spans", "metric_points") if signal in losses
