@@ -382,6 +382,9 @@ class _IdGenerator(RandomIdGenerator):
     shared one, which engines seed (vLLM: ``random.seed(0)`` by default where its engine core runs), so
     that processes seeded alike would otherwise draw the same trace and span ids."""
 
+    # The hook side draws a request's ids from that generator itself (otel_llm.hooks.identity).
+    draws_otel_llm_ids = True
+
     def generate_span_id(self) -> int:
         return new_span_id()
 

@@ -99,13 +99,17 @@ class TracerView:
 
     def __init__(self, tracer: Any) -> None:
         self._tracer = tracer
+        self._proxy = isinstance(tracer, ProxyTracer)  # asked once: an ABC's isinstance() is slow
         self._resolved: Any = None
         self.ids: PresetIds | None = None
         self.sampler: PresetSampler | None = None
+        # The decision taken here for the record whose spans this thread is building (records are
+        # immutable, and two threads may finish requests at once).
+        self._local = threading.local()
 
     def tracer(self) -> Any:
         """The SDK tracer behind a proxy, with PresetIds / PresetSampler installed once."""
-        tracer = self._tracer._tracer if isinstance(self._tracer, ProxyTracer) else self._tracer
+        tracer = self._tracer._tracer if self._proxy else self._tracer
         if tracer is not self._resolved:
             self._resolved = tracer
             generator = getattr(tracer, "id_generator", None)
@@ -122,20 +126,22 @@ class TracerView:
 
     def decide(self, rec: RequestRecord, attributes: dict[str, Any]) -> Sampling | None:
         """The request span's decision: the record's, else this tracer's sampler asked now with the
-        span's full ``attributes`` (kept on the record, so the request is asked once). None: no SDK
-        sampler here (the tracer decides as it starts the span)."""
-        if rec.sampling is None and self.sampler is not None:
-            result = self.sampler.inner.should_sample(
-                parent_context(rec.parent), rec.trace_id, sc.SPAN_REQUEST, request_kind(rec), attributes
-            )
-            added = {k: v for k, v in (result.attributes or {}).items() if k not in attributes}
-            state = result.trace_state
-            rec.sampling = (
-                int(result.decision.value),
-                added or None,
-                tuple(state.items()) if state else None,
-            )
-        return rec.sampling
+        span's full ``attributes`` (once per record: the answer is kept for the record being built).
+        None: no SDK sampler here (the tracer decides as it starts the span)."""
+        if rec.sampling is not None or self.sampler is None:
+            return rec.sampling
+        decided = getattr(self._local, "decided", None)
+        if decided is not None and decided[0] is rec:
+            return decided[1]
+        result = self.sampler.inner.should_sample(
+            parent_context(rec.parent), rec.trace_id, sc.SPAN_REQUEST, request_kind(rec), attributes
+        )
+        added = {k: v for k, v in (result.attributes or {}).items() if k not in attributes}
+        state = result.trace_state
+        pairs = tuple(state.items()) if state else None
+        sampling = (int(result.decision.value), added or None, pairs)
+        self._local.decided = (rec, sampling)
+        return sampling
 
     def sampled(self, rec: RequestRecord, attributes: dict[str, Any]) -> bool:
         """Whether the request's trace is sampled (its parent's flag where no SDK sampler decides)."""

@@ -32,6 +32,7 @@ import atexit
 import contextlib
 import fcntl
 import logging
+import math
 import os
 import select
 import subprocess
@@ -45,7 +46,7 @@ from typing import Any
 
 from otel_llm.export.frames import FrameReader, write_frame
 from otel_llm.record import Producer, RequestRecord
-from otel_llm.record.wire import decode, encode, figures_tuple, info_tuple, record_tuple
+from otel_llm.record.wire import decode, encode, figures_tuple, info_tuple, record_bytes
 
 _log = logging.getLogger("otel_llm")
 
@@ -55,7 +56,9 @@ MODE_IN_PROCESS = "in_process"
 MODES = (MODE_PROCESS, MODE_IN_PROCESS)
 ENV_QUEUE_SIZE = "OTEL_LLM_EXPORT_QUEUE_SIZE"
 DEFAULT_QUEUE_SIZE = 16_384
-SEND_EVERY_S = 0.05  # how long a record waits at most before it is sent (a batch per few engine steps)
+# How long a record waits at most before it is sent: a batch per some tens of engine steps, so the sender
+# thread wakes five times a second (each wake-up takes the engine's GIL for a while), not once a step.
+SEND_EVERY_S = 0.2
 MAX_BATCH = 4096  # records per message
 RESTART_FIRST_S = 0.5
 RESTART_MAX_S = 30.0
@@ -112,7 +115,7 @@ class Feed:
             self._sampler = TailSampler(self._tail)
 
     def request(self, record: RequestRecord) -> None:
-        self._channel.put(self._key, record)
+        self._channel.put(self._key, record_bytes(record))
 
     def would_keep(self, record: RequestRecord) -> bool:
         if self._sampler is None:
@@ -140,7 +143,7 @@ class ExportChannel:
         self._settings = dict(settings)
         self._environ = dict(environ)
         self._max = max_queue
-        self._queue: deque[tuple[int, RequestRecord]] = deque()
+        self._queue: deque[tuple[int, bytes]] = deque()  # (tracker key, a record's wire form)
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         # key -> (the tracker, weakly: one that is gone stops reporting, as in process; tail settings)
@@ -193,8 +196,9 @@ class ExportChannel:
         self._ensure_thread()
         return key
 
-    def put(self, key: int, record: RequestRecord) -> None:
-        """One finished request (the hook's whole cost here: a length check and an append)."""
+    def put(self, key: int, record: bytes) -> None:
+        """One finished request's record in its wire form (the hook's cost here: a length check and an
+        append)."""
         queue = self._queue
         if len(queue) < self._max:
             queue.append((key, record))
@@ -275,16 +279,27 @@ class ExportChannel:
 
     def _run(self) -> None:
         try:
+            next_pump = time.monotonic() + SEND_EVERY_S
             while True:
-                ready = _readable([self._wake_r, self._from_child], SEND_EVERY_S)
+                # The export process's answers wake this thread only while one is awaited (a flush): the
+                # acks it sends meanwhile are read at the next pump, so they cost the engine no wake-up.
+                awaited = self._from_child >= 0 and self._flushed < self._flush_sent
+                fds = [self._wake_r, self._from_child] if awaited else [self._wake_r]
+                ready = _readable(fds, max(0.0, next_pump - time.monotonic()))
                 if self._wake_r in ready:
                     with contextlib.suppress(OSError):
                         os.read(self._wake_r, 4096)
-                if self._from_child >= 0 and self._from_child in ready:
+                stopping = self._stop_deadline is not None
+                asked = stopping or self._flush_wanted > self._flush_sent
+                due = time.monotonic() >= next_pump
+                if not (due or asked or ready):
+                    continue
+                if self._from_child >= 0:
                     self._read_replies()
                 self._check_child()
-                stopping = self._stop_deadline is not None
-                self._pump(everything=stopping or self._flush_wanted > self._flush_sent)
+                if due or asked:
+                    self._pump(everything=asked)
+                    next_pump = time.monotonic() + SEND_EVERY_S
                 if stopping:
                     self._stop()
                     return
@@ -318,7 +333,7 @@ class ExportChannel:
             greeted = self._greeted
             greet = [(k, info_tuple(p.info), _tail_tuple(t)) for k, p, t in producers if k not in greeted]
             figures = [(k, figures_tuple(p.figures(drain=True))) for k, p, _ in producers]
-            records = [(k, record_tuple(r)) for k, r in batch]
+            records = batch  # (key, the record's wire bytes), made as each request finished
             body = (self._sent + 1, greet, records, figures, losses, gone)
             if not self._send(encode("batch", body), n):
                 return
@@ -534,7 +549,8 @@ def _readable(fds: list[int], timeout_s: float) -> list[int]:
     for fd in fds:
         if fd >= 0:
             poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
-    return [fd for fd, _ in poller.poll(max(0, int(timeout_s * 1000)))]
+    # Whole milliseconds, rounded up: a timeout of 0.4 ms must wait, not return at once and spin.
+    return [fd for fd, _ in poller.poll(max(0, math.ceil(timeout_s * 1000)))]
 
 
 def _reports(f: Any) -> bool:

@@ -12,7 +12,7 @@ Messages (``otel_llm.record.wire``; each framed by ``otel_llm.export.frames``):
 - ``start`` {settings}: first, once: ``service_name``, ``output_dir``, ``resource_attributes``,
   ``shutdown_timeout_s``, ``parent_pid``;
 - ``batch`` (first_seq, trackers, records, figures, losses, gone): ``trackers`` new to this process as
-  (key, TrackerInfo fields, tail-sampling settings or None); ``records`` as (key, RequestRecord fields),
+  (key, TrackerInfo fields, tail-sampling settings or None); ``records`` as (key, a record's bytes),
   numbered from ``first_seq`` on; ``figures`` as (key, Figures fields), the per-step samples in them fed
   to that tracker's recorders; ``losses``: the engine's own count of records lost, by reason, and its
   own pipeline's losses by signal; ``gone``: the keys of trackers the engine no longer has;
@@ -145,10 +145,10 @@ class ExportProcess:
         drops, pending = self.drops, self._pending
         seq = first_seq
         self.received = first_seq + len(records) - 1
-        for key, fields in records:
+        for key, data in records:
             emitter = self.emitters.get(key)
             if emitter is not None:
-                emitter.request(record_from(fields))
+                emitter.request(record_from(data))
             pending.append((seq, drops.spans_ended))
             seq += 1
         for key in gone:  # trackers the engine let go: their emitters stop reporting, as in process

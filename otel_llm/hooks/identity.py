@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 _log = logging.getLogger(__name__)
 
 _TRACEPARENT_VERSION = "00"
+_INVALID_SPAN = trace.INVALID_SPAN
 
 
 # Ids come from a generator of our own, seeded from the OS, not from the `random` module's shared one:
@@ -102,7 +103,8 @@ def parent_context(carrier: Any) -> tuple[otel_context.Context | None, bool]:
         if ctx is not None and trace.get_current_span(ctx).get_span_context().is_valid:
             return ctx, True
     current = otel_context.get_current()
-    if trace.get_current_span(current).get_span_context().is_valid:
+    span = trace.get_current_span(current)
+    if span is not _INVALID_SPAN and span.get_span_context().is_valid:  # no active span: the usual case
         return current, False
     return None, False
 
@@ -151,13 +153,17 @@ class TraceIdentity:
 
     def __init__(self, tracer: Any) -> None:
         self._tracer = tracer
+        # The API's tracer classes are ABCs, whose isinstance() costs a fifth of a microsecond: asked once.
+        self._proxy = isinstance(tracer, ProxyTracer)
         self._resolved: Any = None
         self._generator: Any = None
         self._sampler: Any = None
+        self._own_ids = True  # ids from otel_llm's own generator: no generator, or configure()'s
+        self._random_ids = False  # the generator marks its trace ids random (W3C level 2)
 
     def _sdk(self) -> tuple[Any, Any]:
         """(id generator, sampler) of the SDK tracer behind a proxy, or (None, None)."""
-        tracer = self._tracer._tracer if isinstance(self._tracer, ProxyTracer) else self._tracer
+        tracer = self._tracer._tracer if self._proxy else self._tracer
         if tracer is not self._resolved:
             self._resolved = tracer
             generator = getattr(tracer, "id_generator", None)
@@ -165,13 +171,18 @@ class TraceIdentity:
             if generator is None or sampler is None:
                 generator = sampler = None
             self._generator, self._sampler = generator, sampler
+            # configure()'s generator draws from _ids too: drawn here directly, at a third of the cost.
+            self._own_ids = generator is None or bool(getattr(generator, "draws_otel_llm_ids", False))
+            probe = getattr(generator, "is_trace_id_random", None)  # absent from older SDKs' generators
+            self._random_ids = bool(probe()) if probe is not None else False
         return self._generator, self._sampler
 
     def new_ids(self, parent: SpanContext | None) -> tuple[int, int]:
         """(trace id, span id) of a new request span, from the tracer provider's id generator."""
         generator, _ = self._sdk()
-        if generator is None:
-            return (parent.trace_id if parent is not None else new_trace_id()), new_span_id()
+        if self._own_ids:
+            bits = _ids.getrandbits
+            return (parent.trace_id if parent is not None else bits(128) or 1), bits(64) or 1
         trace_id = parent.trace_id if parent is not None else generator.generate_trace_id()
         return trace_id, generator.generate_span_id()
 
@@ -201,9 +212,8 @@ class TraceIdentity:
         if not RANDOM_TRACE_ID_FLAG:
             return False
         if parent is None:
-            generator, _ = self._sdk()
-            probe = getattr(generator, "is_trace_id_random", None)  # absent from older SDKs' generators
-            return bool(probe()) if probe is not None else False
+            self._sdk()
+            return self._random_ids
         return bool(getattr(parent.trace_flags, "random_trace_id", False))
 
     def traceparent(self, tl: Timeline, attributes: dict[str, Any]) -> str:

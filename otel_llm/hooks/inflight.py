@@ -31,6 +31,7 @@ _monotonic = time.monotonic
 _INF = math.inf
 
 NO_STEP = Step(-_INF, -1)  # "no previous tokens step": no request's step is this one, not even None
+_NOTHING_DUE: list[FinishedRequest] = []  # shared, never appended to: what most calls find due
 
 # A fork while another thread holds a registry's lock would leave the child's copy locked forever; the
 # child gets fresh locks (its copy of the registry is only ever touched by its own threads).
@@ -71,6 +72,8 @@ class InFlight:
         self._batch: list[Any] | tuple[Any, ...] | None = None
         self._anomalies = an.AnomalyCounter()
         self._evicted = 0
+        # Before this monotonic time no request can be past max_age_s (the oldest's limit, or earlier).
+        self._next_due = -_INF
         _LIVE.add(self)
 
     def __contains__(self, request_id: object) -> bool:
@@ -196,8 +199,9 @@ class InFlight:
     def _clamp(self, tl: Timeline, ts: float) -> float:
         """No event of a request is earlier than its previous one, so no duration is negative."""
         floor = tl.last_event
-        if tl.last_token is not None and tl.last_token > floor:
-            floor = tl.last_token
+        step = tl.step  # its latest tokens event (tl.last_token, read without the property's call)
+        if step is not None and step.ts > floor:
+            floor = step.ts
         if ts < floor:
             self._anomalies.note(an.TIMESTAMP_REGRESSION, tl.request_id)
             return floor
@@ -248,21 +252,31 @@ class InFlight:
         return apart
 
     def _due_evictions(self, now: float, incoming: int) -> list[FinishedRequest]:
-        """Pop requests past max_age_s, and the oldest while over max_in_flight (insertion order)."""
+        """Pop requests past max_age_s, and the oldest while over max_in_flight (insertion order).
+
+        Called by every queued() and finished(): when the count leaves room and ``now`` is before the
+        oldest request's age limit (as last seen: a request that finished since only makes it earlier),
+        nothing is due, and the registry is not looked at. Finding the oldest costs more the more
+        requests ended since the dict last compacted (it steps over their freed entries)."""
         inflight = self._inflight
+        if now < self._next_due and len(inflight) + incoming <= self.max_in_flight:
+            return _NOTHING_DUE
         if not inflight:
-            return []
+            return _NOTHING_DUE
         out: list[FinishedRequest] = []
         horizon = now - self.max_age_s
         while inflight:
             rid, tl = next(iter(inflight.items()))
             if tl.queued >= horizon and len(inflight) + incoming <= self.max_in_flight:
+                self._next_due = tl.queued + self.max_age_s
                 break
             del inflight[rid]
             self._batch = None
             self._states[tl.state] -= 1
             self._evicted += 1
             out.append(FinishedRequest(tl, max(now, tl.last_event), sc.REASON_EVICTED, None))
+        else:
+            self._next_due = -_INF  # empty: the next request sets it
         return out
 
     # --- without the lock ---------------------------------------------------------------------------

@@ -15,58 +15,71 @@ from otel_llm.hooks.identity import TraceIdentity, parent_span_context, plain_pa
 from otel_llm.hooks.timeline import FinishedRequest
 from otel_llm.record import RequestRecord, StepRow
 
+_FAILED = sc.FAILED_REASONS
+
+
+def _new_record(fields: tuple[Any, ...]) -> RequestRecord:
+    return tuple.__new__(RequestRecord, fields)
+
 
 def record_of(
     fin: FinishedRequest, identity: TraceIdentity, steps: tuple[int, tuple[StepRow, ...]] | None = None
 ) -> RequestRecord:
-    """The record of ``fin``; ``steps``: the request's steps (detail ``steps``), else None."""
+    """The record of ``fin``; ``steps``: the request's steps (detail ``steps``), else None.
+
+    On every finished request's path, so built in one step as the record's tuple (fields in
+    ``RequestRecord.FIELDS`` order), with the rare parts (a parent, a failure, preemptions) only when
+    there are any."""
     tl = fin.timeline
-    parent = parent_span_context(tl.parent) if tl.parent is not None else None
+    reason = fin.reason
+    parent = None if tl.parent is None else parent_span_context(tl.parent)
     error_type = status = None
-    if fin.reason in sc.FAILED_REASONS:
-        error_type, status = _failure(fin.reason, fin.error)
+    if reason in _FAILED:
+        error_type, status = _failure(reason, fin.error)
     preemptions = tl.preemptions
-    return RequestRecord(
-        str(tl.request_id),
-        tl.attributes,
-        tl.prompt_tokens,
-        tl.output_tokens,
-        tl.cached_tokens,
-        tl.arrival,
-        tl.queued,
-        tl.first_scheduled,
-        tl.first_token,
-        fin.last_token,
-        fin.finished,
-        tl.last_event,
-        fin.reason,
-        error_type,
-        status,
-        tl.trace_id,
-        tl.span_id,
-        plain_parent(parent),
-        tl.sampling,
-        identity.random_trace_id(parent),
-        tuple(
-            (
-                p.preempted,
-                p.output_tokens,
-                p.last_token,
-                p.rescheduled,
-                p.recomputed,
-                p.cached_tokens,
-                p.recompute_tokens,
+    return _new_record(
+        (
+            str(tl.request_id),
+            tl.attributes,
+            tl.prompt_tokens,
+            tl.output_tokens,
+            tl.cached_tokens,
+            tl.arrival,
+            tl.queued,
+            tl.first_scheduled,
+            tl.first_token,
+            fin.last_token,
+            fin.finished,
+            tl.last_event,
+            reason,
+            error_type,
+            status,
+            tl.trace_id,
+            tl.span_id,
+            None if parent is None else plain_parent(parent),
+            tl.sampling,
+            identity.random_trace_id(parent),
+            tuple(
+                (
+                    p.preempted,
+                    p.output_tokens,
+                    p.last_token,
+                    p.rescheduled,
+                    p.recomputed,
+                    p.cached_tokens,
+                    p.recompute_tokens,
+                )
+                for p in preemptions
             )
-            for p in preemptions
+            if preemptions
+            else (),
+            fin.handed_off,
+            tl.handed_in,
+            tl.prefill_kept,
+            tl.kv_done,
+            tl.kv_bytes,
+            steps,
         )
-        if preemptions
-        else (),
-        fin.handed_off,
-        tl.handed_in,
-        tl.prefill_kept,
-        tl.kv_done,
-        tl.kv_bytes,
-        steps,
     )
 
 

@@ -22,6 +22,7 @@ of a disaggregated request's KV transfer on this instance.
 from __future__ import annotations
 
 import threading
+from operator import itemgetter
 from typing import Any, Protocol
 
 from otel_llm import semconv as sc
@@ -88,7 +89,7 @@ class TrackerInfo:
         return self.clock_offset_ns + int(mono_s * 1e9)
 
 
-class RequestRecord:
+class RequestRecord(tuple):  # type: ignore[type-arg]
     """One finished request (or one evicted, or one handed off to a decode instance), as plain data.
 
     Times are monotonic seconds (None where the request never reached that point):
@@ -112,39 +113,14 @@ class RequestRecord:
     request left for a decode instance), ``handed_in`` (a decode instance continues a prefill instance's
     request), ``prefill_kept`` (the prefill instance's tail-sampling decision, carried in).
     ``attributes``: the caller's attributes from ``queued`` (already cleaned), or None.
+
+    A tuple of these fields in ``FIELDS`` order, read by name: made in one step when a request finishes
+    and turned into its wire form as it is (``otel_llm.record.wire``); never changed once made.
     """
 
-    __slots__ = (
-        "arrival",
-        "attributes",
-        "cached_tokens",
-        "error_type",
-        "finished",
-        "first_scheduled",
-        "first_token",
-        "handed_in",
-        "handed_off",
-        "kv_bytes",
-        "kv_done",
-        "last_event",
-        "last_token",
-        "output_tokens",
-        "parent",
-        "preemptions",
-        "prefill_kept",
-        "prompt_tokens",
-        "queued",
-        "random_trace_id",
-        "reason",
-        "request_id",
-        "sampling",
-        "span_id",
-        "status_message",
-        "steps",
-        "trace_id",
-    )
+    __slots__ = ()
 
-    # The order of the wire tuple (``otel_llm.record.wire``); append only, and bump VERSION on change.
+    # The order of the fields (and of the wire form); append only, and bump VERSION on change.
     FIELDS = (
         "request_id",
         "attributes",
@@ -175,66 +151,47 @@ class RequestRecord:
         "steps",
     )
 
-    def __init__(
-        self,
-        request_id: str,
-        attributes: dict[str, Any] | None,
-        prompt_tokens: int | None,
-        output_tokens: int,
-        cached_tokens: int | None,
-        arrival: float,
-        queued: float,
-        first_scheduled: float | None,
-        first_token: float | None,
-        last_token: float | None,
-        finished: float,
-        last_event: float,
-        reason: str,
-        error_type: str | None,
-        status_message: str | None,
-        trace_id: int,
-        span_id: int,
-        parent: Parent | None,
-        sampling: Sampling | None,
-        random_trace_id: bool,
-        preemptions: tuple[Preemption, ...],
-        handed_off: bool,
-        handed_in: bool,
-        prefill_kept: bool | None,
-        kv_done: float | None,
-        kv_bytes: int | None,
-        steps: tuple[int, tuple[StepRow, ...]] | None,
-    ) -> None:
-        self.request_id = request_id
-        self.attributes = attributes
-        self.prompt_tokens = prompt_tokens
-        self.output_tokens = output_tokens
-        self.cached_tokens = cached_tokens
-        self.arrival = arrival
-        self.queued = queued
-        self.first_scheduled = first_scheduled
-        self.first_token = first_token
-        self.last_token = last_token
-        self.finished = finished
-        self.last_event = last_event
-        self.reason = reason
-        self.error_type = error_type
-        self.status_message = status_message
-        self.trace_id = trace_id
-        self.span_id = span_id
-        self.parent = parent
-        self.sampling = sampling
-        self.random_trace_id = random_trace_id
-        self.preemptions = preemptions
-        self.handed_off = handed_off
-        self.handed_in = handed_in
-        self.prefill_kept = prefill_kept
-        self.kv_done = kv_done
-        self.kv_bytes = kv_bytes
-        self.steps = steps
+    def __new__(cls, *fields: Any) -> RequestRecord:
+        if len(fields) != len(cls.FIELDS):
+            raise TypeError(f"a RequestRecord has {len(cls.FIELDS)} fields, got {len(fields)}")
+        return tuple.__new__(cls, fields)
 
     def __repr__(self) -> str:
         return f"RequestRecord({self.request_id!r}, reason={self.reason!r}, trace_id={self.trace_id:032x})"
+
+    # Filled in below from FIELDS: one read-only property per field.
+    request_id: str
+    attributes: dict[str, Any] | None
+    prompt_tokens: int | None
+    output_tokens: int
+    cached_tokens: int | None
+    arrival: float
+    queued: float
+    first_scheduled: float | None
+    first_token: float | None
+    last_token: float | None
+    finished: float
+    last_event: float
+    reason: str
+    error_type: str | None
+    status_message: str | None
+    trace_id: int
+    span_id: int
+    parent: Parent | None
+    sampling: Sampling | None
+    random_trace_id: bool
+    preemptions: tuple[Preemption, ...]
+    handed_off: bool
+    handed_in: bool
+    prefill_kept: bool | None
+    kv_done: float | None
+    kv_bytes: int | None
+    steps: tuple[int, tuple[StepRow, ...]] | None
+
+
+for _index, _name in enumerate(RequestRecord.FIELDS):
+    setattr(RequestRecord, _name, property(itemgetter(_index), doc=f"field {_index} of the record"))
+del _index, _name
 
 
 class Figures:

@@ -6,7 +6,8 @@ types, written in C and without pickle's object model (nothing in a message can 
 format may differ between Python versions, which is why a message goes only between two processes of one
 interpreter (the export process is started from ``sys.executable``) and carries the record layout's
 ``VERSION``, checked on the way in. Each record, tracker description and set of figures travels as a tuple
-of its fields in the order of its ``FIELDS``.
+of its fields in the order of its ``FIELDS``; a record is marshalled on its own as it is made
+(``record_bytes``), and a batch carries those bytes.
 
 Kinds (engine -> export process): ``start`` (the pipeline's settings, once), ``batch`` (new trackers,
 records, figures), ``flush`` and ``stop``; (export process -> engine): ``ack`` (how far it got, what it
@@ -21,7 +22,11 @@ from typing import Any
 
 from otel_llm.record import VERSION, Figures, RequestRecord, TrackerInfo
 
-_record_fields = attrgetter(*RequestRecord.FIELDS)
+_dumps = marshal.dumps
+# marshal's format 2: no back-references between the objects of one record (a record repeats none worth
+# it), which makes it a third cheaper to write than the default format 4.
+_RECORD_FORMAT = 2
+
 _figures_fields = attrgetter(*Figures.FIELDS)
 
 
@@ -29,13 +34,16 @@ class WireError(ValueError):
     """A message that is not of this version's wire form."""
 
 
-def record_tuple(rec: RequestRecord) -> tuple[Any, ...]:
-    """The record's fields, in ``RequestRecord.FIELDS`` order."""
-    return _record_fields(rec)
+def record_bytes(rec: RequestRecord) -> bytes:
+    """One record's wire form: its fields, in ``RequestRecord.FIELDS`` order, marshalled. Made on the
+    thread that finished the request, while the record's data is still in that CPU's caches (encoding it
+    later, on the sender's thread, measured four times the cost)."""
+    return _dumps(tuple(rec), _RECORD_FORMAT)
 
 
-def record_from(fields: tuple[Any, ...] | list[Any]) -> RequestRecord:
-    return RequestRecord(*fields)
+def record_from(data: bytes) -> RequestRecord:
+    fields = marshal.loads(data)
+    return tuple.__new__(RequestRecord, fields)
 
 
 def info_tuple(info: TrackerInfo) -> tuple[Any, ...]:
