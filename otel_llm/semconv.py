@@ -124,15 +124,20 @@ REASON_STOP = "stop"
 REASON_LENGTH = "length"
 REASON_ABORT = "abort"
 REASON_ERROR = "error"
+# A request the tracker gave up on (never finished: past its maximum age or count in flight).
+REASON_ABANDONED = "abandoned"
+# The name that reason had before it had one of its own; an engine passing it is still a failure.
 REASON_EVICTED = "evicted"
 # Not a finish: a prefill instance handed the request to a decode instance (kv_sent), which finishes it.
 REASON_HANDED_OFF = "handed_off"
 # The finish reasons a metric attribute keeps as given; any other string counts as REASON_OTHER on metrics
 # (the span keeps the original), so an engine cannot grow the number of time series.
 REASON_OTHER = "other"
-KNOWN_FINISH_REASONS = frozenset({REASON_STOP, REASON_LENGTH, REASON_ABORT, REASON_ERROR, REASON_EVICTED})
+KNOWN_FINISH_REASONS = frozenset(
+    {REASON_STOP, REASON_LENGTH, REASON_ABORT, REASON_ERROR, REASON_ABANDONED, REASON_EVICTED}
+)
 # Reasons that make a request a failure: no TTFT / TPOT sample, error.type on the duration.
-FAILED_REASONS = frozenset({REASON_ERROR, REASON_EVICTED})
+FAILED_REASONS = frozenset({REASON_ERROR, REASON_ABANDONED, REASON_EVICTED})
 
 # --- metrics (name, unit) -----------------------------------------------------------------------------
 METRIC_TTFT = "gen_ai.server.time_to_first_token"
@@ -169,7 +174,7 @@ METRIC_PROMPT_TOKENS = "llm.server.prompt_tokens"
 
 # Self-telemetry: how otel_llm itself is doing.
 METRIC_ANOMALIES = "otel_llm.anomalies"
-METRIC_EVICTED = "otel_llm.requests.evicted"
+METRIC_ABANDONED = "otel_llm.requests.abandoned"  # otel_llm.requests.evicted before
 METRIC_DROPPED_SPANS = "otel_llm.export.spans.dropped"
 METRIC_DROPPED_POINTS = "otel_llm.export.metric_points.dropped"
 METRIC_DROPPED_RECORDS = "otel_llm.export.records.dropped"  # finished requests lost before the export process

@@ -17,8 +17,8 @@ from otel_llm import semconv
 
 # The finish reason of a request the tracker gave up on (past max_age_s, or beyond max_in_flight): it never
 # finished. Files written before the reason had a name of its own say "evicted", which meant the same.
-REASON_ABANDONED = "abandoned"
-_OLD_REASON_NAMES = {"evicted": REASON_ABANDONED}
+REASON_ABANDONED = semconv.REASON_ABANDONED
+_OLD_REASON_NAMES = {semconv.REASON_EVICTED: REASON_ABANDONED}
 
 
 @dataclass(slots=True)

@@ -182,13 +182,13 @@ def test_eviction_by_count(make_harness):
     for i in range(5):
         t.queued(f"r{i}", ts=T0 + i)
     assert t.in_flight == 3
-    evicted = [r for r in h.roots() if r.attributes[sc.GEN_AI_RESPONSE_FINISH_REASONS][0] == "evicted"]
+    evicted = [r for r in h.roots() if r.attributes[sc.GEN_AI_RESPONSE_FINISH_REASONS][0] == "abandoned"]
     assert sorted(r.attributes[sc.LLM_REQUEST_ID] for r in evicted) == ["r0", "r1"]
     assert all(r.status.status_code.name == "ERROR" for r in evicted)
     m = h.metrics()
-    assert m[sc.METRIC_EVICTED][0].value == 2
+    assert m[sc.METRIC_ABANDONED][0].value == 2
     assert sc.METRIC_TTFT not in m
-    assert m[sc.METRIC_REQUEST_DURATION][0].attributes[sc.ERROR_TYPE] == "evicted"
+    assert m[sc.METRIC_REQUEST_DURATION][0].attributes[sc.ERROR_TYPE] == "abandoned"
 
 
 def test_eviction_by_age(make_harness):
@@ -203,7 +203,7 @@ def test_eviction_by_age(make_harness):
     assert t.in_flight == 1
     (root,) = h.roots()
     assert root.attributes[sc.LLM_REQUEST_ID] == "old"
-    assert root.attributes[sc.GEN_AI_RESPONSE_FINISH_REASONS][0] == "evicted"
+    assert root.attributes[sc.GEN_AI_RESPONSE_FINISH_REASONS][0] == "abandoned"
 
 
 def test_user_attributes_are_limited_and_counted(harness):

@@ -297,7 +297,7 @@ def test_sampling_check_catches_a_renamed_attribute(monkeypatch: pytest.MonkeyPa
 UNIT_WORDS = {"s": "seconds", "ms": "milliseconds", "By": "bytes", "%": "percent", "1": "ratio"}
 # Self-telemetry the dashboard does not chart (kind or unit not fixed by the lifecycle contract).
 NOT_CHARTED = {
-    "METRIC_EVICTED",
+    "METRIC_ABANDONED",
     "METRIC_DROPPED_SPANS",
     "METRIC_DROPPED_POINTS",
     "METRIC_DROPPED_RECORDS",

@@ -4,7 +4,7 @@ otel_llm builds a request's spans only when it finishes, so it can decide then, 
 collector's tail sampler would need, and a trace it does not keep costs nothing: its spans are never
 built. The rules, in the order they are asked (the first that keeps a trace names the reason):
 
-- ``error``: the request failed (finish reason ``error`` or ``evicted``);
+- ``error``: the request failed (finish reason ``error`` or ``abandoned``);
 - ``preempted``: it was preempted at least once;
 - ``slow_ttft``: its time to first token (first token - arrival, seconds) exceeded ``ttft_s``;
 - ``slow_e2e``: its duration (finished - arrival, seconds) exceeded ``e2e_s``;

@@ -54,9 +54,9 @@ def register(
         sc.METRIC_ANOMALIES, sc.UNIT_ANOMALY, "Lifecycle anomalies by kind", anomalies, counter=True
     )
     metrics.observe(
-        sc.METRIC_EVICTED,
+        sc.METRIC_ABANDONED,
         sc.UNIT_REQUEST,
-        "Requests closed as evicted (never finished)",
+        "Requests the tracker gave up on (never finished), closed with reason abandoned",
         lambda: [(figures().abandoned, {})],
         counter=True,
     )

@@ -2,7 +2,8 @@
 
 - ``tracker``: the five-call hook (``queued``, ``scheduled``, ``tokens``, ``preempted``, ``finished``), the
   KV hand-off calls and ``traceparent()``, with the per-step batch paths (the hot path) inline;
-- ``inflight``: the registry of requests in flight, each request's own events, clamping and eviction;
+- ``inflight``: the registry of requests in flight, each request's own events, clamping, and closing
+  as ``abandoned`` those that never finish;
 - ``timeline``: one request's recorded timestamps; ``produce``: a finished timeline -> its record;
 - ``identity``: trace ids fixed at ``queued``, parents, the one sampling decision; ``handoff``: the
   carrier of disaggregated serving; ``clock``: monotonic -> wall-clock through one offset;

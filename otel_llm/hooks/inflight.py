@@ -4,7 +4,8 @@
 requests in flight (oldest first), how many are in each state, the previous ``tokens()`` step and its
 steady batch, the anomaly counts, and what every hook records an event with: the checked timestamp, the
 clamp that keeps a request's events in order, scheduling, the tokens path for anything but the plain
-continuation of the previous step, adding and ending requests, and eviction. Only numbers are recorded
+continuation of the previous step, adding and ending requests, and giving up on those that never end
+(closed as ``abandoned``). Only numbers are recorded
 here; a request that ends is handed on (as its record, ``otel_llm.hooks.produce``) outside the lock.
 
 Threads: the methods for one request's events take ``_lock`` themselves; the bookkeeping the hooks
@@ -48,10 +49,10 @@ if hasattr(os, "register_at_fork"):
 
 
 class InFlight:
-    """The requests of one tracker from ``queued`` until they finish, are handed off or evicted.
+    """The requests of one tracker from ``queued`` until they finish, are handed off or abandoned.
 
-    ``max_in_flight``: requests kept at most; past it the oldest is evicted. ``max_age_s``: a request in
-    flight longer than this (monotonic seconds since queued) is evicted. The tracker sets ``_itl`` (the
+    ``max_in_flight``: requests kept at most; past it the oldest is abandoned. ``max_age_s``: a request in
+    flight longer than this (monotonic seconds since queued) is abandoned. The tracker sets ``_itl`` (the
     inter-token latency recorder the tokens path adds gaps to, under ``_lock``) and ``_finish`` (hands a
     finished request on, called without the lock), and has the ``scheduled`` hook.
     """
@@ -71,13 +72,13 @@ class InFlight:
         # _prev_step and nothing else does; None when that does not hold (see RequestTracker.tokens).
         self._batch: list[Any] | tuple[Any, ...] | None = None
         self._anomalies = an.AnomalyCounter()
-        self._evicted = 0
+        self._abandoned = 0
         # Before this monotonic time no request can be past max_age_s (the oldest's limit, or earlier).
         self._next_due = -_INF
         _LIVE.add(self)
 
     def __contains__(self, request_id: object) -> bool:
-        """Whether ``request_id`` is queued and not yet finished (or evicted)."""
+        """Whether ``request_id`` is queued and not yet finished (or abandoned)."""
         return request_id in self._inflight
 
     @property
@@ -95,9 +96,9 @@ class InFlight:
 
     def _add(self, tl: Timeline, problems: Iterable[str]) -> None:
         """queued(): a new request (unless its id is in flight already: counted, not replaced), after
-        evicting what makes room for it. ``problems``: the anomalies of its attributes."""
+        abandoning what makes room for it. ``problems``: the anomalies of its attributes."""
         request_id = tl.request_id
-        evicted: list[FinishedRequest] = []
+        abandoned: list[FinishedRequest] = []
         with self._lock:
             for kind in problems:
                 self._anomalies.note(kind, request_id)
@@ -107,12 +108,12 @@ class InFlight:
             if request_id in self._inflight:
                 self._anomalies.note(an.DUPLICATE_QUEUED, request_id)
             else:
-                evicted = self._due_evictions(tl.queued, incoming=1)
+                abandoned = self._due_abandoned(tl.queued, incoming=1)
                 self._inflight[request_id] = tl
                 self._states[WAITING] += 1
         if self._anomalies.unlogged:
             self._anomalies.log_pending()
-        self._finish_all(evicted)
+        self._finish_all(abandoned)
 
     def _close(self, request_id: Any, ts: float, reason: str, error: BaseException | str | None) -> None:
         """finished(): the request leaves the engine at E = ``ts`` (clamped); so do requests now overdue."""
@@ -125,13 +126,13 @@ class InFlight:
             else:
                 self._states[tl.state] -= 1
                 done = FinishedRequest(tl, self._clamp(tl, ts), reason, error)
-                evicted = self._due_evictions(ts, incoming=0)
+                abandoned = self._due_abandoned(ts, incoming=0)
         if self._anomalies.unlogged:
             self._anomalies.log_pending()
         if done is None:
             return
         self._finish(done)
-        self._finish_all(evicted)
+        self._finish_all(abandoned)
 
     def _hand_off(self, request_id: Any, ts: float, num_bytes: int | None) -> None:
         """kv_sent(): the request leaves this (prefill) instance at K = ``ts`` (clamped) and ends here."""
@@ -189,10 +190,10 @@ class InFlight:
             self._anomalies.log_pending()
 
     def _close_overdue(self) -> None:
-        """force_flush(): the requests past their maximum age are evicted now."""
+        """force_flush(): the requests past their maximum age are abandoned now."""
         with self._lock:
-            evicted = self._due_evictions(_monotonic(), incoming=0)
-        self._finish_all(evicted)
+            abandoned = self._due_abandoned(_monotonic(), incoming=0)
+        self._finish_all(abandoned)
 
     # --- shared by the hooks' bookkeeping (callers hold self._lock) ---------------------------------
 
@@ -251,8 +252,9 @@ class InFlight:
         tl.last_event = ts
         return apart
 
-    def _due_evictions(self, now: float, incoming: int) -> list[FinishedRequest]:
-        """Pop requests past max_age_s, and the oldest while over max_in_flight (insertion order).
+    def _due_abandoned(self, now: float, incoming: int) -> list[FinishedRequest]:
+        """Pop requests past max_age_s, and the oldest while over max_in_flight (insertion order): the
+        requests to close as abandoned.
 
         Called by every queued() and finished(): when the count leaves room and ``now`` is before the
         oldest request's age limit (as last seen: a request that finished since only makes it earlier),
@@ -273,8 +275,8 @@ class InFlight:
             del inflight[rid]
             self._batch = None
             self._states[tl.state] -= 1
-            self._evicted += 1
-            out.append(FinishedRequest(tl, max(now, tl.last_event), sc.REASON_EVICTED, None))
+            self._abandoned += 1
+            out.append(FinishedRequest(tl, max(now, tl.last_event), sc.REASON_ABANDONED, None))
         else:
             self._next_due = -_INF  # empty: the next request sets it
         return out

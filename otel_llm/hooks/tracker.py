@@ -355,7 +355,7 @@ class Tracker(InFlight, EngineStateHook):
             return Figures(
                 (self._states[0], self._states[1], self._states[2]),
                 dict(self._anomalies.counts),
-                self._evicted,
+                self._abandoned,
                 state.kv_cache_usage,
                 state.running,
                 state.waiting,

@@ -90,7 +90,7 @@ class TrackerInfo:
 
 
 class RequestRecord(tuple):  # type: ignore[type-arg]
-    """One finished request (or one evicted, or one handed off to a decode instance), as plain data.
+    """One finished request (or one abandoned, or one handed off to a decode instance), as plain data.
 
     Times are monotonic seconds (None where the request never reached that point):
     ``arrival`` A, ``queued`` Q, ``first_scheduled`` S1, ``first_token`` F, ``last_token`` L,

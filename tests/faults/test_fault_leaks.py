@@ -79,10 +79,10 @@ def test_leaked_requests_bounded_by_count_and_memory_flat() -> None:
     # Keeping the 9N extra leaked requests would cost ~9N/256 = 20x what the registry holds after N.
     assert after_10n - after_n < after_n, (after_n, after_10n)
     total = 11 * N
-    (evicted,) = points(reader, sc.METRIC_EVICTED)
+    (evicted,) = points(reader, sc.METRIC_ABANDONED)
     assert evicted.value == total - MAX_IN_FLIGHT
     by_reason = {p.attributes[sc.LLM_FINISH_REASON]: p.value for p in points(reader, sc.METRIC_REQUESTS)}
-    assert by_reason == {sc.REASON_EVICTED: total - MAX_IN_FLIGHT}
+    assert by_reason == {sc.REASON_ABANDONED: total - MAX_IN_FLIGHT}
     assert produced.count >= total - MAX_IN_FLIGHT  # each evicted request was exported as a trace
 
 
@@ -95,5 +95,5 @@ def test_long_run_with_leaks_is_bounded_by_age() -> None:
         leak(tracker, block * 500, 500, t0, 0.01)
         worst = max(worst, tracker.in_flight)
     assert worst <= 101
-    (evicted,) = points(reader, sc.METRIC_EVICTED)
+    (evicted,) = points(reader, sc.METRIC_ABANDONED)
     assert evicted.value == 5_000 - tracker.in_flight
