@@ -49,7 +49,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 
 from otel_llm.export import channel as export_channel
-from otel_llm.export import otlp
+from otel_llm.export import otlp, quiet
 from otel_llm.export.counting import (
     CountingBatchSpanProcessor,
     CountingMetricExporter,
@@ -86,6 +86,7 @@ def configure(
     shutdown_timeout_s: float | None = None,
     views: Sequence[View] = (),
     export_mode: str | None = None,
+    exporter_logs: str | None = None,
 ) -> Telemetry:
     """Build tracer and meter providers from the environment and return their handle.
 
@@ -109,6 +110,9 @@ def configure(
             process beside this one, started when the first request finishes) or ``in_process``; default
             ``OTEL_LLM_EXPORT_MODE``, else ``process``. Trackers on the returned providers (or on the
             global ones, when this call set them) and without a ``span_hook`` use it.
+        exporter_logs: ``show`` (the SDK exporters' warnings and errors, retries included, as they log
+            them) or ``count`` (counted, not written: ``Telemetry.exporter_lines()``; for a command that
+            reports deliveries itself); default ``OTEL_LLM_EXPORTER_LOGS``, else ``show``.
 
     Raises:
         ValueError: an unsupported ``OTEL_EXPORTER_OTLP_*PROTOCOL``, ``OTEL_*_EXPORTER`` or export mode
@@ -122,6 +126,7 @@ def configure(
     timeout_s = shutdown_timeout(shutdown_timeout_s)
     mode = export_channel.export_mode(export_mode) or export_channel.MODE_PROCESS
     max_queue = export_channel.queue_size()
+    logs = quiet.exporter_logs(exporter_logs)
     with _global_lock:
         if set_global and _global_telemetry is not None and not _global_telemetry.is_shutdown:
             _logger.warning(
@@ -143,7 +148,11 @@ def configure(
             # Beside an export process, otel_llm's self-metrics are the export process's to report.
             telemetry = _build(service_name, output_dir, resource_attributes, timeout_s, views, not beside)
             if beside:
-                _export_beside(telemetry, service_name, output_dir, resource_attributes, timeout_s, max_queue)
+                _export_beside(
+                    telemetry, service_name, output_dir, resource_attributes, timeout_s, max_queue, logs
+                )
+        if logs == quiet.COUNT:
+            telemetry.count_exporter_lines()
         if set_global and _install_global(telemetry):
             _global_telemetry = telemetry
         return telemetry
@@ -156,6 +165,7 @@ def _export_beside(
     resource_attributes: Mapping[str, Any] | None,
     timeout_s: float,
     max_queue: int,
+    logs: str,
 ) -> None:
     """Give ``telemetry`` an export process for otel_llm's own spans and metrics (started on first use),
     set up as this call's pipeline: the same settings, and this process's environment as it is now."""
@@ -165,6 +175,7 @@ def _export_beside(
         "output_dir": None if directory is None else str(directory),
         "resource_attributes": dict(resource_attributes) if resource_attributes else {},
         "shutdown_timeout_s": timeout_s,
+        "exporter_logs": logs,
     }
     channel = export_channel.ExportChannel(settings, dict(os.environ), max_queue)
     channel.count_engine_drops(telemetry.local_drops)
@@ -184,10 +195,13 @@ def build_export_pipeline(
     resource_attributes = settings.get("resource_attributes") or None
     config_file = declarative_config_file()
     if config_file is not None:
-        return _from_config_file(config_file, service_name, resource_attributes, timeout_s, ())
-    return _build(
-        service_name, settings.get("output_dir"), resource_attributes, timeout_s, (), True, engine_drops
-    )
+        telemetry = _from_config_file(config_file, service_name, resource_attributes, timeout_s, ())
+    else:
+        directory = settings.get("output_dir")
+        telemetry = _build(service_name, directory, resource_attributes, timeout_s, (), True, engine_drops)
+    if settings.get("exporter_logs") == quiet.COUNT:
+        telemetry.count_exporter_lines()
+    return telemetry
 
 
 def _disabled() -> bool:

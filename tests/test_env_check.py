@@ -29,6 +29,7 @@ BAD = {
     "OTEL_LLM_TAIL_SAMPLING_E2E_S": "soon",
     "OTEL_LLM_EXPORT_MODE": "thread",
     "OTEL_LLM_EXPORT_QUEUE_SIZE": "0",
+    "OTEL_LLM_EXPORTER_LOGS": "quiet",
     "OTEL_CONFIG_FILE": "/nonexistent/otel.yaml",
     "OTEL_PROPAGATORS": "tracecontext,no_such_propagator",
     "OTEL_PYTHON_CONTEXT": "no_such_context",
@@ -131,6 +132,7 @@ GOOD = [
     ("OTEL_LLM_TRACE_DETAIL", " Steps "),
     ("OTEL_LLM_EXPORT_MODE", "in_process"),
     ("OTEL_LLM_EXPORT_QUEUE_SIZE", "4096"),
+    ("OTEL_LLM_EXPORTER_LOGS", "show"),
     ("OTEL_LLM_SHUTDOWN_TIMEOUT", "0.5"),
 ]
 

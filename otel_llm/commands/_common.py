@@ -11,7 +11,6 @@ import importlib.util
 import math
 import os
 import re
-import socket
 import sys
 import threading
 import time
@@ -19,7 +18,6 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
-from urllib.parse import urlsplit
 
 SERVICE_INSTANCE_ID = "service.instance.id"  # the run id on every span and metric of one run
 
@@ -173,6 +171,7 @@ def usage_error(command: str, message: object) -> NoReturn:
 def configure_run(command: str, output_dir: str | os.PathLike[str] | None) -> Any:
     """``otel_llm.configure()`` for one CLI run, or exit with the configuration problem in one line."""
     import otel_llm
+    from otel_llm.export import quiet
 
     try:
         return otel_llm.configure(
@@ -180,6 +179,9 @@ def configure_run(command: str, output_dir: str | os.PathLike[str] | None) -> An
             output_dir=run_dir(output_dir, command),
             set_global=False,
             resource_attributes={SERVICE_INSTANCE_ID: uuid.uuid4().hex},
+            # The run reports what was delivered and lost itself: the exporters' own lines are counted
+            # (the summary gives the number), unless OTEL_LLM_EXPORTER_LOGS=show asks for them.
+            exporter_logs=os.environ.get(quiet.ENV_EXPORTER_LOGS, "").strip().lower() or quiet.COUNT,
         )
     except ValueError as exc:
         usage_error(command, exc)
@@ -222,6 +224,7 @@ _LOSS_WORDS = {
     "queue_full": "the span queue was full",
     "after_shutdown": "ended after the shutdown",
     "unsent_at_shutdown": "still queued when the shutdown timeout ran out",
+    "export_process_exited": "in flight when the export process died",
 }
 
 
@@ -253,7 +256,25 @@ def delivery_lines(telemetry: Any) -> list[str]:
             # An export still running when the shutdown timeout ran out has not said what it lost.
             text += ", the last export cut off by the shutdown timeout"
         lines.append(text)
+    lost_requests = report.delivery("requests")[1]
+    if lost_requests:
+        reasons = "; ".join(f"{n} {_LOSS_WORDS.get(r, r)}" for r, n in lost_requests.items())
+        lines.append(
+            f"requests: {sum(lost_requests.values())} lost before their telemetry was built ({reasons})"
+        )
+    counted = report.exporter_lines
+    if counted:
+        lines.append(
+            f"the OTLP exporters logged {counted} warnings and errors (retries, failed exports), "
+            f"counted here, not shown; {quiet_hint()}"
+        )
     return lines
+
+
+def quiet_hint() -> str:
+    from otel_llm.export import quiet
+
+    return f"{quiet.ENV_EXPORTER_LOGS}=show writes them"
 
 
 def worker_delivery_lines(reports: dict[str, Any]) -> list[str]:
@@ -278,46 +299,30 @@ def otlp_urls() -> list[str]:
     from otel_llm.export import otlp
     from otel_llm.setup import declarative_config_file
 
-    urls: list[str] = []
-    if sdk_disabled() or declarative_config_file() is not None:  # nothing is sent, or the file says where
-        return urls
-    for signal in ("traces", "metrics"):
-        if otlp.destination(signal) == "otlp":  # type: ignore[arg-type]
-            url = _endpoint(signal)
-            if url and url not in urls:
-                urls.append(url)
-    return urls
+    if declarative_config_file() is not None:  # the file names its own endpoints
+        return []
+    return otlp.endpoint_urls()
 
 
 def _endpoint(signal: str) -> str:
     """The URL a signal's OTLP exporter sends to: the per-signal variable, else the generic one."""
     from otel_llm.export import otlp
 
-    return (
-        os.environ.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT", "").strip()
-        or os.environ.get(otlp.ENV_ENDPOINT, "").strip()
-    )
+    return otlp.endpoint_url(signal)  # type: ignore[arg-type]
 
 
-def _unreachable(url: str, timeout_s: float) -> str | None:
-    """Why nothing accepts a TCP connection at ``url``'s host and port, or None when something does."""
-    parts = urlsplit(url if "://" in url else f"http://{url}")  # gRPC endpoints may omit the scheme
-    try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        with socket.create_connection((parts.hostname or "localhost", port), timeout=timeout_s):
-            return None
-    except (OSError, ValueError) as exc:
-        return str(exc) or type(exc).__name__
-
-
-def warn_if_unreachable(command: str, timeout_s: float = 3.0) -> threading.Thread:
-    """Check each OTLP endpoint on a background thread (start-up is not held up) and print one warning
-    line for each that accepts no connection: telemetry sent there is lost until a collector listens."""
+def warn_if_unreachable(command: str, telemetry: Any = None, timeout_s: float = 3.0) -> threading.Thread:
+    """Check each OTLP endpoint once, on a background thread (start-up is not held up), and print one
+    warning line for each that accepts no connection: telemetry sent there is lost until a collector
+    listens. ``telemetry`` is told, so that its shutdown does not wait on exports nothing can take."""
+    from otel_llm.export import otlp
 
     def check() -> None:
         for url in otlp_urls():
-            why = _unreachable(url, timeout_s)
+            why = otlp.unreachable(url, timeout_s)
             if why is not None:
+                if telemetry is not None:
+                    telemetry.endpoint_unreachable()
                 print(
                     f"otel-llm {command}: warning: no collector answers at {url} ({why}); telemetry sent "
                     "there is lost (and counted) until one listens",

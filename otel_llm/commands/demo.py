@@ -29,6 +29,7 @@ from otel_llm.commands._common import (
     sdk_disabled,
     seed,
     usage_error,
+    warn_if_unreachable,
     written_files,
 )
 from otel_llm.commands.preflight import output_folder_problem
@@ -155,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
         step_spans=args.step_spans,
     )
     telemetry = configure_run("demo", args.output_dir)
+    warn_if_unreachable("demo", telemetry)  # once, at the start, as serve does
     tracker, spans = tracker_with_local_copy(telemetry, model="otel-llm-tiny")
     engine = LLMEngine(
         config,

@@ -32,6 +32,8 @@ from urllib.parse import urlsplit
 from otel_llm.commands._common import usage_error
 from otel_llm.export.channel import ENV_EXPORT_MODE, ENV_QUEUE_SIZE
 from otel_llm.export.channel import MODES as EXPORT_MODES
+from otel_llm.export.quiet import ENV_EXPORTER_LOGS
+from otel_llm.export.quiet import MODES as EXPORTER_LOGS
 
 SDK = "sdk"  # read by the OpenTelemetry SDK's providers and exporters, when the SDK is on
 API = "api"  # read by the OpenTelemetry API when it is imported, whatever the SDK does
@@ -459,6 +461,13 @@ def _otel_llm_rules() -> list[Rule]:
             (ENV_QUEUE_SIZE,),
             number(1, whole=True),
             "pass how many finished requests may wait for the export process, a whole number, e.g. 16384",
+            reader=OTEL_LLM,
+        ),
+        Rule(
+            (ENV_EXPORTER_LOGS,),
+            choice(*EXPORTER_LOGS),
+            "set show (the OTLP exporters' warnings and errors as they log them) or count (counted, the "
+            "count in the summary)",
             reader=OTEL_LLM,
         ),
         Rule(

@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     telemetry = configure_run("serve", args.output_dir)
     for line in destinations():
         print(f"otel-llm serve: {line}", file=sys.stderr, flush=True)
-    warn_if_unreachable("serve")
+    warn_if_unreachable("serve", telemetry)
     if telemetry.output_dir is not None:
         print(f"otel-llm serve: files: {telemetry.output_dir}", file=sys.stderr, flush=True)
     tracker = otel_llm.RequestTracker(

@@ -146,8 +146,9 @@ class ExportChannel:
         self._queue: deque[tuple[int, bytes]] = deque()  # (tracker key, a record's wire form)
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
-        # key -> (the tracker, weakly: one that is gone stops reporting, as in process; tail settings)
-        self._producers: dict[int, tuple[weakref.ref[Any], Any]] = {}
+        # key -> (the tracker, weakly: one that is gone stops reporting, as in process; tail settings;
+        # its TrackerInfo's wire form, kept so that its last records still go out after it is gone)
+        self._producers: dict[int, tuple[weakref.ref[Any], Any, tuple[Any, ...]]] = {}
         self._keys = 0
         self._losses = {QUEUE_FULL: 0, PROCESS_EXITED: 0, UNSENT_AT_SHUTDOWN: 0}
         self._reset()
@@ -184,6 +185,7 @@ class ExportChannel:
         self._stop_deadline: float | None = None
         self._stopped_ok: bool | None = None
         self._started_at = 0.0
+        self._kicked = False  # the first record woke the sender
 
     # --- the trackers' side ---------------------------------------------------------------------------
 
@@ -192,7 +194,7 @@ class ExportChannel:
         with self._lock:
             self._keys += 1
             key = self._keys
-            self._producers[key] = (weakref.ref(producer), tail)
+            self._producers[key] = (weakref.ref(producer), tail, info_tuple(producer.info))
         self._ensure_thread()
         return key
 
@@ -205,8 +207,10 @@ class ExportChannel:
         else:
             with self._lock:
                 self._losses[QUEUE_FULL] += 1
-        if self._thread is None:
+        if not self._kicked:  # the first record: the export process starts now, not at the next tick
+            self._kicked = True
             self._ensure_thread()
+            self._wake()
 
     @property
     def losses(self) -> dict[str, int]:
@@ -230,6 +234,9 @@ class ExportChannel:
                         lost[reason] = lost.get(reason, 0) + n
                 out[signal] = (delivered, lost, ended)
             out["requests"] = (self._done, dict(self._losses))
+            out["exporter_lines"] = self._delivered_past.get("exporter_lines", 0) + self._delivery.get(
+                "exporter_lines", 0
+            )
             return out
 
     def flush(self, timeout_s: float) -> bool:
@@ -331,8 +338,13 @@ class ExportChannel:
             with self._lock:
                 losses = {"records": dict(self._losses), **self._engine_drops()}
             greeted = self._greeted
-            greet = [(k, info_tuple(p.info), _tail_tuple(t)) for k, p, t in producers if k not in greeted]
-            figures = [(k, figures_tuple(p.figures(drain=True))) for k, p, _ in producers]
+            # The tracker's description as it is now (its copy from binding time once it is gone).
+            greet = [
+                (k, info if p is None else info_tuple(p.info), _tail_tuple(t))
+                for k, p, t, info in producers
+                if k not in greeted
+            ]
+            figures = [(k, figures_tuple(p.figures(drain=True))) for k, p, _, _ in producers if p is not None]
             records = batch  # (key, the record's wire bytes), made as each request finished
             body = (self._sent + 1, greet, records, figures, losses, gone)
             if not self._send(encode("batch", body), n):
@@ -387,33 +399,40 @@ class ExportChannel:
         settings = {**self._settings, "parent_pid": os.getpid()}
         return self._send(encode("start", settings), 0)
 
-    def _live(self) -> tuple[list[tuple[int, Any, Any]], list[int]]:
-        """(key, tracker, tail settings) of the trackers alive, and the keys of those gone since (their
-        emitters in the export process are let go)."""
+    def _live(self) -> tuple[list[tuple[int, Any, Any, Any]], list[int]]:
+        """(key, tracker or None, tail settings, TrackerInfo's wire form) of the trackers this batch
+        concerns, and the keys of those gone since the previous one (their emitters in the export process
+        are let go once their last records are in)."""
         with self._lock:
             entries = list(self._producers.items())
-            live, gone = [], []
-            for key, (ref, tail) in entries:
+            out, gone = [], []
+            for key, (ref, tail, info) in entries:
                 producer = ref()
                 if producer is None:
                     gone.append(key)
                     del self._producers[key]
-                else:
-                    live.append((key, producer, tail))
-        return live, gone
+                out.append((key, producer, tail, info))
+        return out, gone
 
     def _active(self) -> bool:
         """Whether a tracker has something to report before any record: requests in flight, per-step
         samples, or anything the engine reported of itself."""
         with self._lock:
-            producers = [ref() for ref, _ in self._producers.values()]
+            producers = [ref() for ref, _, _ in self._producers.values()]
         return any(_reports(p.figures()) for p in producers if p is not None)
 
-    def _read_replies(self) -> None:
+    def _read_replies(self, draining: bool = False) -> None:
+        """Take the export process's answers that wait in its pipe; ``draining``: all of them, from one
+        that has died (its last acks count before the loss is)."""
         reader = self._reader
         if reader is None:
             return
         alive = reader.fill()
+        while draining and alive:  # until the end of the stream, or nothing more to read now
+            before = reader.pending
+            alive = reader.fill()
+            if reader.pending == before:
+                break
         for frame in reader.frames():
             kind, body = decode(frame)
             if kind == "ack":
@@ -428,7 +447,7 @@ class ExportChannel:
                 ok, done, delivery = body
                 self._note_done(done, delivery)
                 self._stopped_ok = bool(ok)
-        if not alive and self._child is not None and self._stopped_ok is None:
+        if not alive and not draining and self._child is not None and self._stopped_ok is None:
             self._died("its pipe closed", 0)
 
     def _note_done(self, done: int, delivery: dict[str, Any]) -> None:
@@ -448,6 +467,9 @@ class ExportChannel:
     def _died(self, why: str, unsent: int) -> None:
         """The export process is gone: what it had not finished (and ``unsent`` records of a message it
         did not take) is counted as lost; it is started again after the back-off."""
+        if self._reader is not None:  # its last acks may still wait in the pipe: they count first
+            with contextlib.suppress(OSError, ValueError):
+                self._read_replies(draining=True)
         child, self._child = self._child, None
         if child is not None:  # how it ended says more than the broken pipe that showed it
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -459,6 +481,9 @@ class ExportChannel:
             self._losses[PROCESS_EXITED] += lost
             self._done = self._sent
             for signal, part in self._delivery.items():
+                if signal == "exporter_lines":
+                    self._delivered_past[signal] = self._delivered_past.get(signal, 0) + part
+                    continue
                 past = self._delivered_past.get(signal, (0, {}, 0))
                 lost_by = dict(past[1])
                 for reason, n in part[1].items():

@@ -43,6 +43,11 @@ class FrameReader:
         self._buffer += data
         return True
 
+    @property
+    def pending(self) -> int:
+        """Bytes read and not yet handed out as frames."""
+        return len(self._buffer)
+
     def frames(self) -> Iterator[bytes]:
         """The complete frames read so far, in order."""
         buffer = self._buffer
@@ -70,10 +75,11 @@ class FrameWriter:
         os.set_blocking(fd, False)
         self._pending = bytearray()
         self._lock = threading.Lock()
+        self.closed = False  # the reader went away: what is sent is dropped
 
     def send(self, payload: bytes, droppable: bool = False) -> None:
         with self._lock:
-            if droppable and self._pending:
+            if self.closed or (droppable and self._pending):
                 return
             self._pending += _HEADER.pack(len(payload)) + payload
             self._flush()
@@ -93,5 +99,9 @@ class FrameWriter:
             try:
                 written = os.write(self.fd, self._pending)
             except BlockingIOError:
+                return
+            except BrokenPipeError:  # the reader is gone (the engine died): nobody to answer any more
+                self._pending.clear()
+                self.closed = True
                 return
             del self._pending[:written]

@@ -105,3 +105,34 @@ def otlp_metric_exporter(signal_protocol: str) -> MetricExporter:
     )
 
     return HttpMetricExporter()
+
+
+def endpoint_url(signal: Signal) -> str:
+    """The URL a signal's OTLP exporter sends to: the per-signal variable, else the generic one."""
+    return _env(_signal_env(signal, "ENDPOINT")) or _env(ENV_ENDPOINT)
+
+
+def endpoint_urls() -> list[str]:
+    """The distinct OTLP endpoint URLs the current environment sends to (none for files)."""
+    urls: list[str] = []
+    for signal in ("traces", "metrics"):
+        if destination(signal) == "otlp":  # type: ignore[arg-type]
+            url = endpoint_url(signal)  # type: ignore[arg-type]
+            if url and url not in urls:
+                urls.append(url)
+    return urls
+
+
+def unreachable(url: str, timeout_s: float) -> str | None:
+    """Why nothing accepts a TCP connection at ``url``'s host and port (in words), or None when something
+    does. One connection attempt, at most ``timeout_s`` seconds."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url if "://" in url else f"http://{url}")  # gRPC endpoints may omit the scheme
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        with socket.create_connection((parts.hostname or "localhost", port), timeout=timeout_s):
+            return None
+    except (OSError, ValueError) as exc:
+        return str(exc) or type(exc).__name__

@@ -196,6 +196,7 @@ class ExportProcess:
         return {
             "spans": (delivered, spans, ended),
             "metric_points": (drops.delivered("metric_points"), points, 0),
+            "exporter_lines": self.telemetry.exporter_lines(),
         }
 
     def ack_if_changed(self, counts: bool = False) -> None:
@@ -298,7 +299,7 @@ def serve(read_fd: int, write_fd: int) -> int:
 def _drain(replies: FrameWriter, timeout_s: float) -> None:
     """Wait (at most ``timeout_s`` seconds) until the engine has taken every answer still waiting."""
     deadline = time.monotonic() + timeout_s
-    while not replies.flush() and time.monotonic() < deadline:
+    while not replies.flush() and not replies.closed and time.monotonic() < deadline:
         poller = select.poll()
         poller.register(replies.fd, select.POLLOUT | select.POLLERR)
         poller.poll(50)

@@ -39,6 +39,15 @@ _AFTER_STOP = (
     "Failed to export %s batch due to timeout, max retries or shutdown",
 )
 REASON_UNSENT = "unsent_at_shutdown"  # spans still queued when the pipeline stopped
+_GIVE_UP_S = 0.2  # the shutdown's budget when no collector listened at the start and none listens now
+
+
+def _still_refused() -> bool:
+    """Whether every OTLP endpoint of this environment refuses a connection now (0.2 s at most each)."""
+    from otel_llm.export import otlp
+
+    urls = otlp.endpoint_urls()
+    return bool(urls) and all(otlp.unreachable(url, 0.2) is not None for url in urls)
 
 
 class _AfterAbort(logging.Filter):
@@ -115,6 +124,7 @@ class DeliveryReport:
     # by "spans", "metric_points" and "requests"
     counts: dict[str, tuple[int, dict[str, int]]] = field(default_factory=dict)
     in_time: bool = True  # shutdown() finished within its timeout
+    exporter_lines: int = 0  # the exporters' warnings and errors counted, not written
 
     def delivery(self, signal: str) -> tuple[int, dict[str, int]]:
         """As ``Telemetry.delivery()``: ``(delivered, {reason: lost})``."""
@@ -182,7 +192,30 @@ class Telemetry:
         self._lock = threading.Lock()
         self._shutdown_result: bool | None = None
         self.channel: Any = None  # otel_llm.export.channel.ExportChannel, in export mode "process"
+        self._lines: Any = None  # otel_llm.export.quiet.ExporterLines, with exporter_logs="count"
+        self._unreachable_at_start = False
         atexit.register(self._shutdown_at_exit)
+
+    def count_exporter_lines(self) -> None:
+        """From now on the exporters' warnings and errors are counted, not written
+        (``configure(exporter_logs="count")``)."""
+        from otel_llm.export import quiet
+
+        if self._lines is None:
+            self._lines = quiet.ExporterLines()
+        quiet.install(self._lines)
+
+    def exporter_lines(self) -> int:
+        """How many warnings and errors the OTLP exporters logged that were counted, not written (here and
+        in the export process, as it last reported); 0 unless ``exporter_logs="count"``."""
+        here = self._lines.count if self._lines is not None else 0
+        there = self.channel.delivery().get("exporter_lines", 0) if self.channel is not None else 0
+        return here + there
+
+    def endpoint_unreachable(self) -> None:
+        """Nothing accepted a connection at the OTLP endpoints when the run started (a command's check):
+        if nothing does at shutdown either, the last export is not waited for (nothing could take it)."""
+        self._unreachable_at_start = True
 
     def attach_channel(self, channel: Any) -> None:
         """Export mode ``process``: otel_llm's telemetry goes through ``channel``'s export process, which
@@ -242,6 +275,10 @@ class Telemetry:
             if self._shutdown_result is not None:
                 return self._shutdown_result
             budget = self.shutdown_timeout_s if timeout_s is None else timeout_s
+            if self._unreachable_at_start and _still_refused():
+                # Nothing listened at the start and nothing listens now: a retry cannot deliver, so the
+                # last export is given up on at once (and counted) instead of for the whole budget.
+                budget = min(budget, _GIVE_UP_S)
             deadline = time.monotonic() + budget
             calls = self._provider_calls("shutdown", budget)
             failed: list[str] = []
@@ -297,7 +334,8 @@ class Telemetry:
     def delivery_report(self) -> DeliveryReport:
         """Shut down (a no-op when already done), then what was delivered and lost, as plain data."""
         in_time = self.shutdown()
-        return DeliveryReport({s: self.delivery(s) for s in ("spans", "metric_points", "requests")}, in_time)
+        counts = {s: self.delivery(s) for s in ("spans", "metric_points", "requests")}
+        return DeliveryReport(counts, in_time, self.exporter_lines())
 
     def _channel_call(self, method: str, budget_s: float, failed: list[str]) -> None:
         """The export process's flush or shutdown; its name in ``failed`` when it did not finish in time."""

@@ -3,8 +3,9 @@
 
 Run as ``python export_engine.py REQUESTS``. It prints one JSON line once every request has finished
 (``{"engine_pid", "export_pids", "queued"}``: its export processes, and how many records still waited
-in its queue then), and exits on SIGTERM the way a server does (its handler raises SystemExit, so the
-telemetry's shutdown runs at exit), printing a last line ``{"shutdown": bool}``.
+in its queue then), another once they are all handed to the export process (``{"handed": n}``), and
+exits on SIGTERM the way a server does (its handler raises SystemExit, so the telemetry's shutdown runs
+at exit), printing a last line ``{"shutdown": bool}``.
 """
 
 from __future__ import annotations
@@ -64,6 +65,11 @@ def main() -> None:
     ready = {"engine_pid": os.getpid(), "export_pids": export_processes(os.getpid()), "queued": queued}
     try:  # from here on a SIGTERM ends the wait below and the shutdown's line is printed
         print(json.dumps(ready), flush=True)
+        # A diagnostic only: every record written whole into the export process's pipe (there it stays
+        # for the export process to read, whatever happens to this process).
+        while telemetry.channel._sent < requests:
+            time.sleep(0.01)
+        print(json.dumps({"handed": requests}), flush=True)
         while True:
             time.sleep(1)
     finally:

@@ -47,16 +47,24 @@ def roots(receiver: Any) -> set[str]:
     }
 
 
-def engine_loop(tracker: RequestTracker, prefix: str, requests: int, at_half: Any = None) -> float:
+def engine_loop(
+    tracker: RequestTracker, prefix: str, requests: int, at_half: Any = None, step_s: float = 0.0
+) -> float:
     """Continuous batching of ``requests`` of 16 tokens, every 4th preempted once; returns tokens per
-    second of the loop (wall clock, for a ratio between two runs of this test only)."""
+    second of the loop (wall clock, for a ratio between two runs of this test only). ``step_s``: each
+    step takes at least this long (an engine waiting on its GPU), 0 for as fast as it goes."""
     waiting = [f"{prefix}-{i}" for i in range(requests)]
     waiting.reverse()
     running: dict[str, int] = {}
     preempted: list[str] = []
     done = tokens = step = 0
-    start = time.perf_counter()
+    start = next_step = time.perf_counter()
     while waiting or running or preempted:
+        if step_s:
+            next_step += step_s
+            pause = next_step - time.perf_counter()
+            if pause > 0:
+                time.sleep(pause)
         new = preempted[:]
         preempted.clear()
         for rid in new:
@@ -106,19 +114,22 @@ def process_env(env: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 
 
 def test_export_process_killed_mid_run(process_env, started, caplog) -> None:
-    # A slow collector: the export process holds spans for a while, so the kill lands on some in flight.
-    receiver = GrpcReceiver(mode=Mode.SLOW, delay_s=0.2)
+    receiver = GrpcReceiver()
     receiver.start()
     started.append(receiver)
     process_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
     process_env.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    # Spans wait a second in the export process's span queue before a batch leaves, so the kill lands on
+    # some in flight, and rarely on an export under way (one the collector might take and never answer).
+    process_env.setenv("OTEL_BSP_SCHEDULE_DELAY", "1000")
     others = export_processes(os.getpid())
     telemetry = configure(set_global=False, shutdown_timeout_s=10)
     started.append(telemetry)
     tracker = tracker_on(telemetry)
     requests = 1500
 
-    baseline = engine_loop(tracker, "calm", requests)
+    # Paced as an engine waiting on its GPU (2 ms steps): the run with the kill must keep that pace.
+    baseline = engine_loop(tracker, "calm", requests, step_s=0.002)
     assert wait_for(lambda: len(started_since(others)) == 1)
     (first,) = started_since(others)
     killed: list[int] = []
@@ -128,20 +139,25 @@ def test_export_process_killed_mid_run(process_env, started, caplog) -> None:
         killed.append(first)
 
     with caplog.at_level(logging.WARNING, logger="otel_llm"):
-        with_kill = engine_loop(tracker, "kill", requests, at_half=kill)
+        with_kill = engine_loop(tracker, "kill", requests, at_half=kill, step_s=0.002)
         assert killed == [first]
         assert wait_for(lambda: started_since(others) not in ([], [first]))
         assert telemetry.force_flush(timeout_s=30)
-    # The engine did not wait for the dead process nor for its restart: about the same rate as without.
-    assert with_kill > 0.5 * baseline, (with_kill, baseline)
+    # The engine did not wait for the dead process nor for its restart: its pace as without the kill
+    # (within noise: a shared machine's; a hook that waited for the restart would lose a second or more).
+    assert with_kill > 0.8 * baseline, (with_kill, baseline)
 
     arrived = roots(receiver)
     sent = {f"calm-{i}" for i in range(requests)} | {f"kill-{i}" for i in range(requests)}
     assert arrived <= sent
     lost = telemetry.delivery("requests")[1]
     assert set(lost) == {"export_process_exited"}, lost
-    # Exactly what was in flight: every request whose trace never arrived, and no other.
-    assert lost["export_process_exited"] == len(sent - arrived) > 0
+    # What was in flight: every request whose trace never arrived, and no other. An export under way at
+    # the kill may have reached the collector unanswered: its requests (a batch of 512 spans, at most
+    # about 130 of these) are counted lost too, for the exporter never learnt of its delivery.
+    never_arrived = len(sent - arrived)
+    assert never_arrived > 0
+    assert never_arrived <= lost["export_process_exited"] <= never_arrived + 512 // 4
     assert {f"kill-{i}" for i in range(requests - 10, requests)} <= arrived  # after the restart
     warned = [r for r in caplog.records if "export process stopped" in r.getMessage()]
     assert len(warned) == 1 and "killed by signal 9" in warned[0].getMessage()
@@ -210,9 +226,9 @@ def test_sigterm_with_thousands_queued_exports_them_all_within_the_budget(starte
         sent = time.monotonic()
         engine.wait(30)
         took = time.monotonic() - sent
-        line = engine.stdout.readline()
-        assert line, f"the engine said nothing of its shutdown (exit {engine.returncode})"
-        last = json.loads(line)
+        lines = engine.stdout.read().splitlines()
+        assert lines, f"the engine said nothing of its shutdown (exit {engine.returncode})"
+        last = json.loads(lines[-1])
     finally:
         if engine.poll() is None:
             engine.kill()
@@ -231,7 +247,7 @@ def test_engine_killed_the_export_process_exports_what_it_holds_and_exits(starte
     engine = run_engine(800, receiver.endpoint)
     try:
         ready = json.loads(engine.stdout.readline())
-        time.sleep(0.3)  # the sender's next tick hands the last records over
+        assert json.loads(engine.stdout.readline()) == {"handed": 800}
         engine.kill()
         engine.wait(10)
     finally:
