@@ -295,10 +295,13 @@ def worker_delivery_lines(reports: dict[str, Any]) -> list[str]:
 
 
 def otlp_urls() -> list[str]:
-    """The distinct OTLP endpoint URLs the current environment sends to (none for files)."""
+    """The distinct OTLP endpoint URLs the current environment sends to (none for files, and none while
+    ``OTEL_SDK_DISABLED`` turns telemetry off: nothing is sent, so no endpoint is checked or reported)."""
     from otel_llm.export import otlp
     from otel_llm.setup import declarative_config_file
 
+    if sdk_disabled():
+        return []
     if declarative_config_file() is not None:  # the file names its own endpoints
         return []
     return otlp.endpoint_urls()
