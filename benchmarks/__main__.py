@@ -19,6 +19,8 @@ from benchmarks import (
     collection,
     end_to_end,
     engine,
+    export_process,
+    export_targets,
     finish,
     finish_targets,
     hot_path,
@@ -39,6 +41,7 @@ SECTIONS: dict[str, Callable[[bool, int], list[Measure]]] = {
     "collect": collection.run,
     "sampling": sampling.run,
     "sglang": sglang_cost.run,  # optional: needs .venv-sglang; skipped in --quick
+    "export": export_process.run,
 }
 
 HEADER = """# Benchmarks
@@ -115,6 +118,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "## Targets (issue: performance)",
         "",
         *targets.render(targets.judge(measures)),
+        "",
+        "## Targets (issue: off the engine's process)",
+        "",
+        *export_targets.render(measures),
         "",
     ]
     text = "\n".join(lines)

@@ -15,6 +15,7 @@ SECTIONS = {
     "collect": "6. One metric collection (InMemoryMetricReader) with otel_llm's histograms",
     "sampling": "7. Tail sampling and trace detail levels",
     "sglang": "8. SGLang's real offline engine (tiny model, CPU)",
+    "export": "9. A finished request's CPU with the export process, engine's and export process's",
 }
 OPTIONAL = frozenset({"sglang"})  # sections that report nothing where they cannot run (reason printed)
 

@@ -2,7 +2,11 @@
 
 (a) The reference engine at batch 64 (benchmarks/engine.py's workload, which preempts): steps per second
     without a tracker, with one keeping every trace, and with tail sampling keeping 5 % plus the failed,
-    preempted and slow ones (TTFT over 1 s, end to end over 10 s), runs interleaved.
+    preempted and slow ones (TTFT over 1 s, end to end over 10 s), runs interleaved. Each setting twice:
+    on SDK providers that discard (spans built on the engine's thread, export mode ``in_process``), and
+    on ``configure(export_mode="process")``'s providers exporting OTLP/gRPC to a receiver in a process
+    of its own (the engine's thread only hands each finished request's record to the export process;
+    flushed after each run, outside its clock).
 (b) finished() of a 128-token request, 64 at a time (benchmarks/finish.py's driver): tail sampling off
     (today's path), on and keeping the request, on and dropping it; the bare SDK spans as the floor.
 (c) For each detail level x {every trace, tail 5 % + preempted + slow}: the reference engine's run
@@ -32,6 +36,7 @@ from otel_llm.record import DETAILS
 
 TAIL = TailSampling(ratio=0.05, ttft_s=1.0, e2e_s=10.0)
 SETTINGS = {"every trace": False, "tail 5 % + preempted + slow": TAIL}
+EXPORT_PROCESS = ", export process"  # the suffix of the settings' names in export mode process
 
 
 class OtlpSizeExporter(SpanExporter):
@@ -119,12 +124,40 @@ def _split(shares: dict[str, list[float]]) -> str:
     return f"inside each hook: {inside}; queued runs before the run's clock starts and is counted in"
 
 
+class ExportProcessPipeline:
+    """``configure(export_mode="process")`` exporting OTLP/gRPC to a receiver in its own process."""
+
+    def __init__(self) -> None:
+        from benchmarks.end_to_end import Receiver, otlp_env
+        from otel_llm import configure
+
+        self.receiver = Receiver()
+        with otlp_env(self.receiver.port):
+            self.telemetry = configure(
+                set_global=False, service_name="bench-sampling", export_mode="process", shutdown_timeout_s=30
+            )
+
+    def spans(self) -> int:
+        """Spans the receiver has decoded so far, once every record sent is exported."""
+        self.telemetry.force_flush(timeout_s=60)
+        return int(self.receiver.ask("spans"))
+
+    def close(self) -> None:
+        self.telemetry.shutdown(timeout_s=30)
+        self.receiver.close()
+
+
 def _engine_rates(quick: bool, rounds: int) -> list[Measure]:
     providers = discarding_providers()
+    exported = ExportProcessPipeline()
     requests = 8 if quick else 96
     rounds = rounds if quick else 3 * rounds  # 0.2 s runs whose spread is +-20 % on shared cores
     one_run(None, requests, 4 if quick else 24)  # warm-up
-    variants: dict[str, Any] = {"without the tracker": None, **SETTINGS}
+    variants: dict[str, Any] = {
+        "without the tracker": None,
+        **SETTINGS,
+        **{name + EXPORT_PROCESS: setting for name, setting in SETTINGS.items()},
+    }
     wall: dict[tuple[str, str], list[float]] = {}
     cpu: dict[tuple[str, str], list[float]] = {}
     share: dict[tuple[str, str], list[float]] = {}
@@ -134,29 +167,35 @@ def _engine_rates(quick: bool, rounds: int) -> list[Measure]:
     spans: dict[tuple[str, str], int] = {}
     preemptions: dict[str, int] = {}
 
-    def tracker_for(setting: Any) -> RequestTracker:
+    def tracker_for(name: str, setting: Any) -> RequestTracker:
+        pipeline: Any = exported.telemetry if name.endswith(EXPORT_PROCESS) else providers
         return RequestTracker(
-            tracer_provider=providers.tracer_provider,
-            meter_provider=providers.meter_provider,
+            tracer_provider=pipeline.tracer_provider,
+            meter_provider=pipeline.meter_provider,
             model="tiny",
             tail_sampling=setting,
             trace_detail="phases",
         )
+
+    def spans_so_far(name: str) -> int:
+        return exported.spans() if name.endswith(EXPORT_PROCESS) else providers.exporter.count
 
     for _ in range(rounds):
         for workload, (blocks, max_tokens) in WORKLOADS.items():
             max_tokens = min(max_tokens, 4) if quick else max_tokens
             for name, setting in variants.items():
                 key = (workload, name)
-                before = providers.exporter.count
-                run = one_run(None if setting is None else tracker_for(setting), requests, max_tokens, blocks)
+                before = spans_so_far(name)
+                tracker = None if setting is None else tracker_for(name, setting)
+                run = one_run(tracker, requests, max_tokens, blocks)
                 wall.setdefault(key, []).append(run.steps / run.seconds)
                 cpu.setdefault(key, []).append(run.steps / run.cpu_seconds)
-                spans[key] = providers.exporter.count - before
+                spans[key] = spans_so_far(name) - before  # also: the export process is done with them
                 preemptions[workload] = run.preemptions
                 if setting is not None:
-                    timed = TimedHooks(tracker_for(setting))
+                    timed = TimedHooks(tracker_for(name, setting))
                     run = one_run(timed, requests, max_tokens, blocks)
+                    spans_so_far(name)  # the next run starts with nothing left to export
                     share.setdefault(key, []).append(timed.seconds / run.seconds)
                     hooks = by_hook.setdefault(key, {hook: [] for hook in HOOKS})
                     for hook, seconds in timed.by_hook.items():
@@ -167,12 +206,15 @@ def _engine_rates(quick: bool, rounds: int) -> list[Measure]:
             run = one_run(null, requests, max_tokens, blocks)
             wrapper.setdefault(workload, []).append(null.seconds / run.seconds)
     providers.shutdown()
+    exported.close()
     out = []
     for workload, (_, max_tokens) in WORKLOADS.items():
         max_tokens = min(max_tokens, 4) if quick else max_tokens
         without = wall[(workload, "without the tracker")]
         without_cpu = statistics.median(cpu[(workload, "without the tracker")])
-        for name in SETTINGS:
+        for name in variants:
+            if variants[name] is None:
+                continue
             key = (workload, name)
             ours = statistics.median(wall[key])
             note = (

@@ -139,7 +139,7 @@ def report(results: dict[str, Any]) -> str:
         "variants stopped; span flush is inside each round; CPU is per 1,000 output tokens.",
         f"This run took {results.get('minutes', 0):.0f} minutes.",
         "",
-        "## Targets (issue 24, side by side in one run)",
+        "## Targets (issues 24 and 28, side by side in one run)",
         "",
         *vllm_report.targets_lines(rows),
         "",

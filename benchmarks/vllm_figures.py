@@ -28,6 +28,7 @@ class VariantFigures:
     other: float  # the frontend's other threads
     total: float  # the whole frontend process
     engine: float  # the engine-core process(es)
+    export: float  # otel-llm's export process(es), export mode "process"; 0 in-process or without otel-llm
     tokens_per_s: float
     flush_ms: float  # wall milliseconds of the span flush at the end of the window
 
@@ -39,6 +40,7 @@ def variant_figures(rounds: list[dict[str, Any]]) -> VariantFigures:
         other=med(per_1k(r["process_ns"] - r["main_ns"], r["tokens"]) for r in rounds),
         total=med(per_1k(r["process_ns"], r["tokens"]) for r in rounds),
         engine=med(per_1k(r["engine_ns"], r["tokens"]) for r in rounds),
+        export=med(per_1k(r.get("export_ns", 0), r["tokens"]) for r in rounds),
         tokens_per_s=med(r["tokens"] / r["wall_ns"] * 1e9 for r in rounds),
         flush_ms=med(r["flush_wall_ns"] / 1e6 for r in rounds),
     )
@@ -127,6 +129,7 @@ class Breakdown:
     metric_export_ms: float
     total: float
     rounds: int
+    export_mode: str | None = None  # the frontend's otel-llm export mode
 
 
 def breakdown(profile: list[dict[str, Any]], min_thread_ms: float = 0.05) -> Breakdown | None:
@@ -149,7 +152,11 @@ def breakdown(profile: list[dict[str, Any]], min_thread_ms: float = 0.05) -> Bre
             )
         )
     flush = sum(p["flush_ns"] for p in profile)
-    rows.append(("main thread: span flush (OTLP encoding and gRPC send)", per_1k(flush, tokens), None, None))
+    if profile[-1].get("export_mode") == "process":
+        flush_what = "main thread: flush (asks the export process, waits for its answer)"
+    else:
+        flush_what = "main thread: span flush (OTLP encoding and gRPC send)"
+    rows.append((flush_what, per_1k(flush, tokens), None, None))
     main = sum(p["main_ns"] for p in profile)
     rows.append(
         ("main thread: the rest (vLLM's own work)", per_1k(main - counted - flush, tokens), None, None)
@@ -179,4 +186,4 @@ def breakdown(profile: list[dict[str, Any]], min_thread_ms: float = 0.05) -> Bre
     ended = process - main - sum(threads.values())
     rows.append(("threads that ended during the rounds", per_1k(ended, tokens), None, None))
     metric = statistics.median(p["metric_export_ns"] for p in profile) / 1e6
-    return Breakdown(rows, metric, per_1k(process, tokens), rounds)
+    return Breakdown(rows, metric, per_1k(process, tokens), rounds, profile[-1].get("export_mode"))

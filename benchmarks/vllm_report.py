@@ -9,15 +9,22 @@ from benchmarks import vllm_figures as fig
 from benchmarks.vllm_setups import BARE, OTEL_PHASES, OTEL_REQUEST, OTEL_TAIL, VARIANTS, VLLM_TRACING
 
 TARGET_HEADER = ["measure", "now", "target", "measured", "verdict"]
-# The issue's "now" column and targets for otel-llm's added frontend CPU / vLLM tracing's added CPU.
+# The issue's "now" column (one value per workload) and targets for otel-llm's added frontend CPU /
+# vLLM tracing's added CPU; each workload must meet the target (issue 28).
 ADDED_RATIO_TARGETS = (
     (
         OTEL_PHASES,
-        "otel-llm's added frontend CPU ÷ vLLM's own tracing's added CPU, phases, every trace kept",
-        1.08,
-        0.5,
+        "otel-llm's added frontend CPU ÷ vLLM's own tracing's added CPU, phases, every trace kept, "
+        "each workload",
+        "0.48 / 0.50 / 1.02",
+        0.15,
     ),
-    (OTEL_REQUEST, "same, detail `request` (one span per request, as vLLM's)", 0.89, 0.3),
+    (
+        OTEL_REQUEST,
+        "same, detail `request` (one span per request, as vLLM's), each workload",
+        "0.44 / 0.43 / 0.78",
+        0.1,
+    ),
 )
 
 
@@ -25,31 +32,45 @@ def _ratio_text(value: float | None) -> str:
     return "n/a (vLLM tracing added no CPU)" if value is None else f"{value:.2f}"
 
 
+def _judge_each(values: list[float | None], target: float) -> str:
+    known = [v for v in values if v is not None]
+    if not known:
+        return "not measurable in this run"
+    worst = max(known)
+    if worst <= target and len(known) == len(values):
+        return "met"
+    if worst <= target:
+        return "met where measurable"
+    return f"not met: worst {worst - target:+.2f} above the target"
+
+
 def target_rows(results: list[dict[str, Any]]) -> list[list[str]]:
-    """This benchmark's rows of the targets table, judged on the first workload (the issue's); the other
-    workloads' values follow in brackets."""
+    """This benchmark's rows of the targets table: the added-CPU ratios judged on every workload, the
+    export process's CPU beside them, and the rate judged on the first workload (the issue's)."""
     if not results:
         return []
-    first, others = results[0], results[1:]
+    first = results[0]
     rows = []
     for variant, measure, now, target in ADDED_RATIO_TARGETS:
-        value = fig.added_ratio(first, variant)
-        measured = _ratio_text(value)
-        if others:
-            measured += (
-                " ("
-                + ", ".join(
-                    f"{r['workload']['name']}: {_ratio_text(fig.added_ratio(r, variant))}" for r in others
-                )
-                + ")"
-            )
-        if value is None:
-            verdict = "not measurable in this run"
-        elif value <= target:
-            verdict = "met"
-        else:
-            verdict = f"not met: {value - target:+.2f} above the target"
-        rows.append([measure, f"{now:.2f}", f"≤ {target}", measured, verdict])
+        values = [fig.added_ratio(r, variant) for r in results]
+        measured = " / ".join(_ratio_text(v) for v in values)
+        rows.append([measure, now, f"≤ {target} on each", measured, _judge_each(values, target)])
+    # Beside the frontend: the export process's CPU over vLLM tracing's added CPU (it is not the frontend's
+    # and not on its GIL, but it is the machine's).
+    export = []
+    for r in results:
+        tracing = fig.added(r, VLLM_TRACING)
+        spent = fig.variant_figures(r["rounds"][OTEL_PHASES]).export
+        export.append(f"{spent / tracing:.2f}" if tracing > 0 else "n/a")
+    rows.append(
+        [
+            "beside it: the export process's CPU ÷ vLLM's own tracing's added CPU, phases, each workload",
+            "—",
+            "reported",
+            " / ".join(export),
+            "reported (the machine's CPU, not the frontend's)",
+        ]
+    )
     spread = fig.rate_ratio(first)
     measured = (
         f"{spread.median:.3f} with ÷ without, paired per round (quartiles {spread.q1:.3f}–{spread.q3:.3f}, "
@@ -95,14 +116,14 @@ def workload_lines(letter: str, result: dict[str, Any]) -> list[str]:
         f"requests preempted at least once; {rounds} rounds per variant.",
         "",
         "| variant | frontend CPU, ms per 1k tokens: main thread | other threads | total | x bare "
-        "| x vLLM tracing | engine-core CPU, ms per 1k tokens | tokens/s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| x vLLM tracing | engine-core CPU, ms per 1k tokens | otel-llm export process CPU | tokens/s |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for variant in VARIANTS:
         f = figures[variant.name]
         out.append(
             f"| {variant.label} | {f.main:.1f} | {f.other:.1f} | {f.total:.1f} | {f.total / bare:.2f} | "
-            f"{f.total / tracing:.2f} | {f.engine:.0f} | {f.tokens_per_s:,.0f} |"
+            f"{f.total / tracing:.2f} | {f.engine:.0f} | {f.export:.1f} | {f.tokens_per_s:,.0f} |"
         )
     kept = ", ".join(f"{name} {value:.2f}" for name, value in notes.spans_per_request.items())
     out += [
@@ -139,8 +160,16 @@ def breakdown_lines(result: dict[str, Any]) -> list[str]:
     out += [
         f"| whole frontend process (counters on) | {found.total:.2f} | | |",
         "",
-        f"One metric collection and export (every 60 s by default, `OTEL_METRIC_EXPORT_INTERVAL`): "
-        f"{found.metric_export_ms:.1f} ms of CPU.",
-        "",
     ]
+    if found.export_mode == "process":
+        out.append(
+            "Export mode `process`: the metrics are collected and exported by the export process, whose "
+            "CPU is in the table above, not by the frontend."
+        )
+    else:
+        out.append(
+            f"One metric collection and export (every 60 s by default, `OTEL_METRIC_EXPORT_INTERVAL`): "
+            f"{found.metric_export_ms:.1f} ms of CPU."
+        )
+    out.append("")
     return out

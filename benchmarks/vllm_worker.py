@@ -12,8 +12,9 @@ writes its logs to stdout and stderr, which the parent sends to a log file):
 
 - ``round``: one timed ``generate()`` of the batch, spans flushed inside the window; answers output
   tokens, wall nanoseconds (``time.perf_counter_ns``), CPU nanoseconds of this process's main thread
-  (which runs ``generate()`` and vLLM's output loop), of the whole process, and of the engine-core
-  process(es) (every descendant of this process);
+  (which runs ``generate()`` and vLLM's output loop), of the whole process, of the engine-core
+  process(es) (every descendant of this process but otel-llm's export processes) and of the export
+  processes (export mode ``process``: where the spans are built and exported);
 - ``profile``: the same, with otel-llm's entry points counted (``vllm_profile``) and every thread's CPU
   by name, plus the CPU of the span flush and of one metric export (phases variant only);
 - ``quit``: shut down.
@@ -63,6 +64,17 @@ class Frontend:
 
     def _flusher(self) -> Callable[[], None]:
         """Force-flush of the tracer provider that holds this variant's spans (a no-op without one)."""
+        if self.telemetry is not None and self.telemetry.channel is not None:
+            # Export mode "process": the records go to the export process, which builds and exports the
+            # spans (and, on a flush, the metrics too); the flush returns when it has. This process's
+            # own tracer provider still holds any span of vLLM's (its start-up spans): flushed too.
+            telemetry = self.telemetry
+
+            def flush() -> None:
+                telemetry.tracer_provider.force_flush()
+                telemetry.channel.flush(60.0)
+
+            return flush
         if self.telemetry is not None:
             return lambda: self.telemetry.tracer_provider.force_flush()  # spans only: not the metrics
         if self.variant.vllm_tracing:
@@ -83,13 +95,30 @@ def _engine_ns(pids: list[int]) -> int:
     return sum(cpu_clocks.other_process_ns(p) for p in pids)
 
 
-def timed_round(frontend: Frontend, engine_pids: list[int]) -> dict[str, int]:
+def _is_export_process(pid: int) -> bool:
+    """Whether ``pid`` is one of otel-llm's export processes (``python -m otel_llm.export.process``)."""
+    try:
+        return b"otel_llm.export.process" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def split_descendants(pid: int) -> tuple[list[int], list[int]]:
+    """This process's descendants as (vLLM's engine core and what it started, otel-llm's export
+    processes): the export processes' CPU is reported beside the engine's, not in it."""
+    found = cpu_clocks.descendants(pid)
+    export = [p for p in found if _is_export_process(p)]
+    return [p for p in found if p not in export], export
+
+
+def timed_round(frontend: Frontend, engine_pids: list[int], export_pids: list[int]) -> dict[str, int]:
     """One window: ``generate()`` then the span flush; CPU and wall clock read at both ends."""
-    wall, main, process, engine = (
+    wall, main, process, engine, export = (
         time.perf_counter_ns(),
         cpu_clocks.thread_ns(),
         cpu_clocks.process_ns(),
         _engine_ns(engine_pids),
+        _engine_ns(export_pids),
     )
     tokens = frontend.generate()
     flush_start = time.perf_counter_ns()
@@ -102,6 +131,7 @@ def timed_round(frontend: Frontend, engine_pids: list[int]) -> dict[str, int]:
         "main_ns": cpu_clocks.thread_ns() - main,
         "process_ns": cpu_clocks.process_ns() - process,
         "engine_ns": _engine_ns(engine_pids) - engine,
+        "export_ns": _engine_ns(export_pids) - export,
     }
 
 
@@ -129,6 +159,7 @@ def profile_round(frontend: Frontend, engine_pids: list[int], counters: Any) -> 
         "process_ns": process_ns,
         "flush_ns": flush_ns,
         "metric_export_ns": metric_ns,
+        "export_mode": None if frontend.telemetry is None else frontend.telemetry.export_mode,
         "entry_points": entry_points,
         "cpu_ns": dict(counters.cpu_ns),
         "calls": dict(counters.calls),
@@ -145,14 +176,15 @@ def main() -> None:
     frontend = Frontend(variant, workload, spec["endpoint"], model)
     frontend.generate()  # warm-up: first-use costs stay out of the rounds
     frontend.flush()
-    # vLLM's engine core and whatever it started: their CPU is the engine's side of each round.
-    engine_pids = cpu_clocks.descendants(os.getpid())
-    reply.write(json.dumps({"ready": True, "engine_pids": engine_pids}) + "\n")
+    # vLLM's engine core and whatever it started: their CPU is the engine's side of each round; the
+    # export processes (export mode "process", in the frontend and in the engine core) are counted apart.
+    engine_pids, export_pids = split_descendants(os.getpid())
+    reply.write(json.dumps({"ready": True, "engine_pids": engine_pids + export_pids}) + "\n")
     counters = None
     for line in sys.stdin:
         command = line.strip()
         if command == "round":
-            reply.write(json.dumps(timed_round(frontend, engine_pids)) + "\n")
+            reply.write(json.dumps(timed_round(frontend, engine_pids, export_pids)) + "\n")
         elif command == "profile":
             if counters is None:
                 from benchmarks.vllm_profile import EntryPointCounters

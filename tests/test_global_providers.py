@@ -62,7 +62,10 @@ def histogram_points(receiver: HttpReceiver) -> dict[str, list]:
     return out
 
 
-def test_opentelemetry_instrument_gets_traces_and_every_histogram(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["process", "in_process"])
+def test_opentelemetry_instrument_gets_traces_and_every_histogram(tmp_path: Path, mode: str) -> None:
+    """Both export modes: in ``process`` (the default) the tracker on opentelemetry-instrument's providers
+    sends its records to an export process configured from the same OTEL_* variables."""
     instrument = shutil.which("opentelemetry-instrument", path=str(Path(sys.executable).parent))
     if instrument is None:
         pytest.fail("opentelemetry-instrument is not installed: the dev extra brings opentelemetry-distro")
@@ -74,16 +77,23 @@ from otel_llm import RequestTracker
 tracker = RequestTracker(model="zero-code")   # the providers opentelemetry-instrument set up
 drive(tracker, 100.0)
 tracker.force_flush(10_000)
+from otel_llm.export import channel
+print("export process:", channel._default is not None and channel._default.delivery()["requests"][0])
 """
     )
     with HttpReceiver() as receiver:
         env = child_env(
-            OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf"
+            OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
+            OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
+            OTEL_LLM_EXPORT_MODE=mode,
         )
         done = subprocess.run(
             [instrument, sys.executable, str(app)], env=env, capture_output=True, text=True, timeout=120
         )
         assert done.returncode == 0, done.stderr
+        # In process mode the export process reports the three requests done; in_process has none.
+        expected = "export process: 3" if mode == "process" else "export process: False"
+        assert expected in done.stdout, done.stdout
         assert receiver.collected.wait_until(lambda c: bool(c.metrics(sc.METRIC_TTFT)))
         points = histogram_points(receiver)
         roots = [s for _, s in receiver.collected.spans() if s.name == sc.SPAN_REQUEST]

@@ -25,11 +25,19 @@ DECODE = EngineConfig(num_kv_blocks=12)
 N = 16
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("disagg")
+@pytest.fixture(scope="module", params=["process", "in_process"])
+def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One run per export mode (the workers read OTEL_LLM_EXPORT_MODE as they start; process is the
+    default): every test here holds in both."""
+    out = tmp_path_factory.mktemp(f"disagg-{request.param}")
     workload = make_workload(N, 0, 150)
     tok = ByteTokenizer()
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OTEL_LLM_EXPORT_MODE", request.param)
+        return _run(out, workload, tok)
+
+
+def _run(out: Path, workload: Any, tok: ByteTokenizer) -> dict[str, Any]:
     engine = DisaggregatedEngine(PREFILL, DECODE, output_dir=out)
     tokens: dict[str, list[int]] = {}
     arrival: dict[str, float] = {}

@@ -24,7 +24,9 @@ from otel_llm import semconv as sc
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 SGLANG_PYTHON = Path(os.environ.get("OTEL_LLM_SGLANG_PYTHON", REPO / ".venv-sglang" / "bin" / "python"))
-SCENARIOS = ("forced", "natural")  # compared with SGLang's numbers; "traced" has its own test
+# Compared with SGLang's numbers; "forced_in_process" is "forced" in the other export mode; "traced" has
+# its own test.
+SCENARIOS = ("forced", "natural", "forced_in_process")
 RUNS = (*SCENARIOS, "traced", "early_eos")  # the last two have their own tests
 
 needs_sglang = pytest.mark.skipif(

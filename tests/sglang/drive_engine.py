@@ -42,6 +42,16 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "prompts": 8,
         "max_new_tokens": 48,
     },
+    # The other export mode (the default is "process"): the spans built in SGLang's scheduler process.
+    "forced_in_process": {
+        "env": {
+            "SGLANG_TEST_RETRACT": "1",
+            "SGLANG_TEST_RETRACT_INTERVAL": "10",
+            "OTEL_LLM_EXPORT_MODE": "in_process",
+        },
+        "prompts": 8,
+        "max_new_tokens": 48,
+    },
     "natural": {
         "env": {"SGLANG_TEST_RETRACT": "0", "SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS": "5"},
         "prompts": 24,
@@ -139,6 +149,34 @@ def span_json(resource: Any, span: Any) -> dict[str, Any]:
     }
 
 
+def export_processes_below(pid: int) -> list[int]:
+    """otel-llm's export processes (``python -m otel_llm.export.process``) among ``pid``'s descendants."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+
+    def below(child: int) -> bool:
+        while child in parents and child > 1:
+            child = parents[child]
+            if child == pid:
+                return True
+        return False
+
+    found = []
+    for child in parents:
+        try:
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"otel_llm.export.process" in cmdline and below(child):
+            found.append(child)
+    return found
+
+
 def run(name: str, models: dict[str, str], tmp: Path) -> dict[str, Any]:
     import sglang
     from google.protobuf.json_format import MessageToDict
@@ -174,6 +212,7 @@ def run(name: str, models: dict[str, str], tmp: Path) -> dict[str, Any]:
                 return len(roots) >= len(rids) and bool(c.metrics("gen_ai.server.request.duration"))
 
             arrived = receiver.collected.wait_until(all_spans, timeout_s=30)
+            export_processes = len(export_processes_below(os.getpid()))
         finally:
             engine.shutdown()
         metrics = [
@@ -183,6 +222,7 @@ def run(name: str, models: dict[str, str], tmp: Path) -> dict[str, Any]:
         return {
             "overlap": overlap,
             "arrived": arrived,
+            "export_processes": export_processes,
             "seconds": took,
             "meta": [o["meta_info"] for o in outputs],
             "spans": [span_json(r, s) for r, s in receiver.collected.spans()],

@@ -54,6 +54,13 @@ def children_named(run: dict[str, Any], root: dict[str, Any], name: str) -> list
     return [s for phase in phases for s in children(run, phase, name)]
 
 
+def test_each_run_exported_in_its_export_mode(engine_runs: dict[str, dict[str, Any]]) -> None:
+    """The default mode runs an export process under SGLang's scheduler process; in_process none."""
+    assert engine_runs["forced"]["export_processes"] >= 1
+    assert engine_runs["natural"]["export_processes"] >= 1
+    assert engine_runs["forced_in_process"]["export_processes"] == 0
+
+
 def test_runs_retract(engine_runs: dict[str, dict[str, Any]]) -> None:
     # Both scenarios exist to exercise retraction; without one the comparisons above prove little.
     for name in SCENARIOS:

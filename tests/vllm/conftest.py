@@ -34,12 +34,17 @@ needs_vllm = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(scope="session")
-def vllm_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    """Every scenario's results, from one driver process (importing vLLM takes most of its time)."""
-    out = tmp_path_factory.mktemp("vllm") / "run.json"
+@pytest.fixture(scope="session", params=["process", "in_process"])
+def vllm_runs(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, dict[str, Any]]:
+    """Every scenario's results, from one driver process (importing vLLM takes most of its time), once
+    per export mode: ``process`` (the default; the tracker on ``configure()``'s providers, the spans and
+    metrics read back from a real OTLP receiver) and ``in_process`` (the tracker on the driver's own
+    providers). Every test that reads them runs in both."""
+    out = tmp_path_factory.mktemp(f"vllm-{request.param}") / "run.json"
     proc = subprocess.run(
-        [str(VLLM_PYTHON), str(DRIVER), str(out), "--print"],
+        [str(VLLM_PYTHON), str(DRIVER), str(out), "--print", f"--export-mode={request.param}"],
         cwd=out.parent,
         capture_output=True,
         text=True,

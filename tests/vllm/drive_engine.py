@@ -165,6 +165,7 @@ def main(model_dir: str, out_path: str) -> None:
                 "aborted": aborted,
                 "mid_run_vllm_metrics": mid_run_vllm_metrics,
                 "instrumented": VLLMInstrumentor().is_instrumented,
+                "export_mode": telemetry.export_mode,
             },
             f,
         )

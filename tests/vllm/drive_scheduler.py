@@ -17,7 +17,9 @@ Scenarios are in driver_scenarios.py; each runs with a fresh tracker, scheduler 
 
 Writes one JSON document, ``{"scenarios": {name: run}}``; each run holds our finished spans, our metric
 points, vLLM's finished-request stats, the engine-core timeline of every request (events and token
-batches, as vLLM sent them) and the tracker's anomaly counts. Pass ``--print`` to also print the timelines.
+batches, as vLLM sent them) and the tracker's anomaly counts. Pass ``--print`` to also print the timelines,
+``--export-mode=in_process`` to read the spans and metrics from the driver's own providers instead of
+through ``configure()``'s export process (the default, ``process``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ import tempfile
 import time
 
 os.environ.setdefault("VLLM_CACHE_ROOT", tempfile.mkdtemp(prefix="vllm-cache-"))
+# tests/, for the export mode "process" harness and its OTLP receiver (after this folder, which is first).
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch
 from driver_records import (
@@ -199,18 +203,54 @@ def sample(scenario: Scenario, sched: Scheduler, sched_out) -> ModelRunnerOutput
     )
 
 
-def run(scenario: Scenario, model_dir: str) -> dict:
-    spans = InMemorySpanExporter()
-    tracer_provider = TracerProvider()
-    tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
-    metric_exporter = ListMetricExporter()
-    reader = PeriodicExportingMetricReader(
-        PreAggregatedMetricExporter(metric_exporter), export_interval_millis=3_600_000
-    )
-    meter_provider = MeterProvider(metric_readers=[reader])
-    tracker = RequestTracker(
-        tracer_provider=tracer_provider, meter_provider=meter_provider, model="tiny-llama"
-    )
+class InProcess:
+    """Export mode ``in_process``: the tracker on the driver's own providers, read from memory."""
+
+    def __init__(self) -> None:
+        self.spans = InMemorySpanExporter()
+        tracer_provider = TracerProvider()
+        tracer_provider.add_span_processor(SimpleSpanProcessor(self.spans))
+        self.metric_exporter = ListMetricExporter()
+        self.reader = PeriodicExportingMetricReader(
+            PreAggregatedMetricExporter(self.metric_exporter), export_interval_millis=3_600_000
+        )
+        meter_provider = MeterProvider(metric_readers=[self.reader])
+        self.tracker = RequestTracker(
+            tracer_provider=tracer_provider, meter_provider=meter_provider, model="tiny-llama"
+        )
+
+    def read(self) -> tuple[list, object]:
+        """The finished spans and one metrics collection, after the tracker's flush."""
+        self.tracker.force_flush()
+        self.reader.force_flush()
+        return list(self.spans.get_finished_spans()), self.metric_exporter.batches[-1]
+
+    def close(self) -> None:
+        """Nothing to stop."""
+
+
+class ThroughExportProcess:
+    """Export mode ``process`` (the default): the tracker on ``configure()``'s providers, its records
+    built and exported by the export process to a real OTLP/gRPC receiver here, read back from it
+    (tests/export_harness.py)."""
+
+    def __init__(self) -> None:
+        from export_harness import ExportHarness
+
+        self.harness = ExportHarness(model="tiny-llama")
+        self.tracker = self.harness.tracker
+
+    def read(self) -> tuple[list, object]:
+        spans = self.harness.finished_spans()
+        return spans, self.harness.capture.get_metrics_data()
+
+    def close(self) -> None:
+        self.harness.close()
+
+
+def run(scenario: Scenario, model_dir: str, export_mode: str) -> dict:
+    pipeline = ThroughExportProcess() if export_mode == "process" else InProcess()
+    tracker = pipeline.tracker
 
     tokens_calls = log_tokens_calls(tracker)
     originals = class_functions()
@@ -250,8 +290,8 @@ def run(scenario: Scenario, model_dir: str) -> dict:
         step += 1
         if step > 500:
             raise RuntimeError(f"{scenario.name}: the scheduler did not drain")
-    tracker.force_flush()
-    reader.force_flush()
+    spans, metrics_data = pipeline.read()
+    pipeline.close()
     instrumentor.uninstrument()
     restored = class_functions()
     return {
@@ -263,8 +303,9 @@ def run(scenario: Scenario, model_dir: str) -> dict:
         "aborted": scenario.aborted,
         "requests": {rid: vars(spec) for rid, spec in scenario.requests.items()},
         "prefix_caching": scenario.prefix_caching,
-        "spans": [span_record(s) for s in spans.get_finished_spans()],
-        "metrics": metric_records(metric_exporter.batches[-1]),
+        "export_mode": export_mode,
+        "spans": [span_record(s) for s in spans],
+        "metrics": metric_records(metrics_data),
         "vllm": [vllm_record(f) for f in finished],
         "vllm_timeline": timeline,
         "vllm_preempted_events": {
@@ -392,7 +433,9 @@ def class_functions() -> dict:
 
 if __name__ == "__main__":
     model_dir = tiny_llama_dir()
-    runs = {scenario.name: run(scenario, model_dir) for scenario in SCENARIOS}
+    modes = [a.split("=", 1)[1] for a in sys.argv[2:] if a.startswith("--export-mode=")]
+    export_mode = modes[-1] if modes else "process"
+    runs = {scenario.name: run(scenario, model_dir, export_mode) for scenario in SCENARIOS}
     if "--print" in sys.argv[2:]:
         for name, result in runs.items():
             print_timelines(name, result["vllm_timeline"])

@@ -55,15 +55,20 @@ def test_vllm_cost_quick_run_reports_six_variants_and_targets(tmp_path) -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
     text = output.read_text()
 
-    # The variant table: six rows, each with seven figures.
+    # The variant table: six rows, each with eight figures; the export process's CPU (column 8) is
+    # there for the variants with otel-llm, which export through it by default, and zero for the others.
     for start in VARIANT_ROWS:
         cells = _row(text, start)
-        assert len(cells) == 8 and all(NUMBER.match(c) for c in cells[1:]), cells
+        assert len(cells) == 9 and all(NUMBER.match(c) for c in cells[1:]), cells
+        export_cpu = float(cells[7].replace(",", ""))
+        assert (export_cpu > 0) == start.startswith("| otel-llm"), cells
     # The targets table: each row has a measured value and a verdict.
     assert "| measure | now | target | measured | verdict |" in text
     for start in TARGETS:
         cells = _row(text, f"| {start}")
         assert cells[3] and (cells[4].startswith(("met", "not met")) or "not measurable" in cells[4]), cells
+    beside = _row(text, "| beside it: the export process's CPU")
+    assert all(NUMBER.match(v.strip()) for v in beside[3].split("/")), beside
     assert "main thread: process_outputs: outputs" in text  # the phases variant's breakdown
     assert "engine (vLLM installed, unused)" in text
 

@@ -59,9 +59,7 @@ class OfflineRun:
         return sorted(in_trace, key=lambda s: s["start"])
 
 
-@pytest.fixture(scope="module")
-def offline(tmp_path_factory: pytest.TempPathFactory) -> OfflineRun:
-    tmp = tmp_path_factory.mktemp("vllm-offline")
+def _offline_run(tmp: Path, **env_extra: str) -> OfflineRun:
     receiver = HttpReceiver()
     receiver.start()
     try:
@@ -70,6 +68,7 @@ def offline(tmp_path_factory: pytest.TempPathFactory) -> OfflineRun:
             OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
             OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
             OTEL_METRIC_EXPORT_INTERVAL="3600000",  # exports only when the driver flushes
+            **env_extra,
         )
         out = tmp / "run.json"
         run_driver(DRIVER, [str(MODEL_DIR), str(out)], env, tmp)
@@ -80,6 +79,35 @@ def offline(tmp_path_factory: pytest.TempPathFactory) -> OfflineRun:
         )
     finally:
         receiver.stop()
+
+
+@pytest.fixture(scope="module")
+def offline(tmp_path_factory: pytest.TempPathFactory) -> OfflineRun:
+    """The run in the default export mode, which every test but the last reads."""
+    return _offline_run(tmp_path_factory.mktemp("vllm-offline"))
+
+
+def test_the_default_run_exported_through_the_export_process(offline: OfflineRun) -> None:
+    assert offline.result["export_mode"] == "process"
+
+
+def test_in_process_export_mode_gives_every_request_its_trace(
+    offline: OfflineRun, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The other export mode on the same engine: every request one whole trace, its preemptions as
+    vLLM counted them, the same span names per trace as the default run's."""
+    run = _offline_run(tmp_path_factory.mktemp("vllm-offline-in-process"), OTEL_LLM_EXPORT_MODE="in_process")
+    assert run.result["export_mode"] == "in_process"
+    roots = run.generated_roots()
+    assert len(roots) == len(run.result["generated"]) == 24
+    preempted = [s for r in roots.values() for s in run.children(r, sc.SPAN_PREEMPTED)]
+    assert len(preempted) == run.vllm["vllm:num_preemptions"] > 0
+    assert total(run.points[sc.METRIC_REQUESTS], "value") == run.vllm["vllm:request_success"]
+
+    def names(of: OfflineRun) -> set[str]:
+        return {s["name"] for s in of.spans if s["trace_id"] in {r["trace_id"] for r in of.roots.values()}}
+
+    assert names(run) == names(offline)
 
 
 def test_generate_preempted_and_every_request_is_one_trace(offline: OfflineRun) -> None:

@@ -8,6 +8,8 @@ Three servers of the tiny model (engine core in a spawned process, as always und
   disconnects and a caller ``traceparent``; compared with the server's own ``/metrics``.
 - ``zero_code``: ``opentelemetry-instrument vllm serve`` with vLLM's own ``--otlp-traces-endpoint`` set
   too: where each side's spans go, and every histogram; it listens on every address (no ``--host``).
+  It runs in export mode ``in_process`` (the others in the default, ``process``; see also
+  test_vllm_serve_api_servers.py).
 - ``unplugged``: the engine core without the otel_llm plugin (``VLLM_PLUGINS=''``) and vLLM's stats
   logging off: otel_llm's warning saying what to set must be visible in the server's output.
 """
@@ -425,6 +427,7 @@ def zero_code(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     env = engine_env(
         tmp,
         OTEL_SERVICE_NAME="vllm-zero-code",
+        OTEL_LLM_EXPORT_MODE="in_process",  # this tier's test of the other export mode
         OTEL_TRACES_EXPORTER="otlp",
         OTEL_METRICS_EXPORTER="otlp",
         OTEL_LOGS_EXPORTER="none",
