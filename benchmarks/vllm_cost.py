@@ -14,7 +14,7 @@ Method (``vllm_fleet``, ``vllm_worker``):
    ``VLLM_PLUGINS`` empty); vLLM's own stats (``disable_log_stats=False``, its stat loggers); vLLM's own
    tracing (``otlp_traces_endpoint``, stats on, as vLLM requires); otel-llm with its default detail
    (phases), every trace kept; otel-llm with tail sampling at 5 %; otel-llm with detail ``request``. The
-   otel-llm variants are set up as the README shows: ``otel_llm.configure()`` from the standard
+   otel-llm variants are set up as docs/vllm.md shows: ``otel_llm.configure()`` from the standard
    ``OTEL_*`` variables (OTLP gRPC), ``VLLMInstrumentor().instrument()`` before the ``LLM``, the plugin
    on in the engine core (``OTEL_LLM_TAIL_SAMPLING=on`` / ``OTEL_LLM_TRACE_DETAIL=request`` for the
    last two). Every variant that traces exports over OTLP gRPC to a loopback receiver in the controller

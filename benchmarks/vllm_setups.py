@@ -24,7 +24,7 @@ class Variant:
     """One way of running vLLM's frontend: its environment, ``LLM`` arguments and code switches.
 
     ``otel_llm``: the worker calls ``otel_llm.configure()`` and ``VLLMInstrumentor().instrument()``
-    before building the ``LLM``, as the README's "In code" example does, and the plugin stays on in the
+    before building the ``LLM``, as docs/vllm.md's "In code" example does, and the plugin stays on in the
     engine core; otherwise ``VLLM_PLUGINS`` is empty, so vLLM loads no general plugin in any process.
     ``receiver``: the variant exports to the loopback OTLP gRPC receiver.
     """
@@ -47,7 +47,7 @@ class Variant:
             # vLLM splits VLLM_PLUGINS on commas and loads only the names listed: "" lists none.
             env["VLLM_PLUGINS"] = ""
         else:
-            # The README's OTLP set-up: the standard variables, read by otel_llm.configure().
+            # The OTLP set-up of docs/vllm.md: the standard variables, read by otel_llm.configure().
             env["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint
             env["OTEL_EXPORTER_OTLP_PROTOCOL"] = "grpc"
         return env

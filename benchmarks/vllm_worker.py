@@ -44,7 +44,7 @@ class Frontend:
         self.variant, self.workload = variant, workload
         self.telemetry: Any = None
         if variant.otel_llm:
-            # The README's "In code" set-up: providers from the OTEL_* variables, then the instrumentor,
+            # docs/vllm.md's "In code" set-up: providers from the OTEL_* variables, then the instrumentor,
             # before the LLM is built.
             import otel_llm
             from otel_llm.integrations.vllm import VLLMInstrumentor

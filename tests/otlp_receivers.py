@@ -291,7 +291,7 @@ class HttpReceiver(_Receiver):
 
 # --- helpers shared by the wire and file tests ------------------------------------------------------
 
-# The ten histograms of the README's metrics table, written out here (not read from the package), so a
+# The ten histograms of docs/telemetry.md's metrics table, written out here (not read from the package), so a
 # histogram the package stops emitting fails every test that expects "all of them".
 HISTOGRAMS = (
     sc.METRIC_TTFT,

@@ -1,4 +1,4 @@
-"""Each trace detail level produces the span set README documents, for one scenario with a preemption in
+"""Each trace detail level gives the span set docs/telemetry.md documents, for a scenario with a preemption in
 decode: ``request`` only llm.request (same attributes and events), ``phases`` the lifecycle tree,
 ``steps`` that tree plus at most MAX_STEP_SPANS llm.engine.step spans, the longest steps, inside the
 phase each belongs to."""

@@ -1,6 +1,6 @@
 """One request served by a prefill tracker and a decode tracker: one trace, the documented spans on each
 side, the intervals by the documented rules, metrics per role. Timestamps are explicit monotonic seconds,
-so every number below follows from the definitions (lifecycle terms in README, "Disaggregated")."""
+so every number below follows from the definitions (lifecycle terms in docs/disaggregated.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Every install line the README and the CLI give works for someone who has only cloned the repository.
+"""Every install line the README, docs/ and the CLI give works for one who has only cloned the repository.
 
 otel-llm is installed from its checkout, not from an index, so a line such as ``pip install otel-llm``
 fails for a newcomer. The lines run in one fresh virtualenv (real pip, the index or its cache) on a copy
@@ -27,8 +27,10 @@ LOCAL = re.compile(r"\.(\[([a-z0-9_,-]+)\])?")  # the checkout, with extras: . o
 
 
 def readme_install_lines() -> list[list[str]]:
-    """The arguments of every ``pip install`` in the README (code blocks and inline code)."""
-    text = (ROOT / "README.md").read_text()
+    """The arguments of every ``pip install`` in the README and the pages of docs/ (code blocks and
+    inline code)."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    text = "\n".join(page.read_text() for page in pages)
     found = []
     for command in re.findall(r"pip install [^`\n&#]*", text):
         words = shlex.split(command.split("  ", 1)[0])  # two spaces start an aligned comment

@@ -1,4 +1,7 @@
-"""The README's set-up commands are what CI runs: .ci/run must run exactly the README's test command."""
+"""The README's set-up commands are what CI runs: .ci/run must run exactly the README's test command.
+
+The metric names the README and the reference page (docs/telemetry.md) give are the ones we emit, and
+the reference names every one of them."""
 
 from __future__ import annotations
 
@@ -28,18 +31,31 @@ def test_ci_runs_exactly_the_readme_test_command():
     assert tests in ci, "the test command in .ci/run differs from the README's"
 
 
-def test_every_readme_metric_name_is_one_we_emit():
+METRIC_NAME = re.compile(r"`((?:gen_ai\.server|llm\.server|otel_llm)\.[a-z_.]+)`")
+REFERENCE = ROOT / "docs" / "telemetry.md"  # spans, attributes, events and metrics
+
+
+def emitted_metrics() -> set[str]:
     from otel_llm import semconv as sc
 
-    emitted = {v for k, v in vars(sc).items() if k.startswith("METRIC_")}
-    text = (ROOT / "README.md").read_text()
-    named = set(re.findall(r"`((?:gen_ai\.server|llm\.server|otel_llm)\.[a-z_.]+)`", text))
-    assert named, "the README should list the metrics"
-    assert named <= emitted, named - emitted
+    return {v for k, v in vars(sc).items() if k.startswith("METRIC_")}
+
+
+def test_every_readme_metric_name_is_one_we_emit():
+    emitted = emitted_metrics()
+    for page in (ROOT / "README.md", REFERENCE):
+        named = set(METRIC_NAME.findall(page.read_text()))
+        assert named <= emitted, (page.name, named - emitted)
+
+
+def test_the_reference_names_every_metric_we_emit():
+    named = set(METRIC_NAME.findall(REFERENCE.read_text()))
+    assert named, "docs/telemetry.md should list the metrics"
+    assert emitted_metrics() <= named, emitted_metrics() - named
 
 
 def test_readme_sglang_server_command_is_the_tested_one_without_cpu_settings():
-    # The SGLang server tier runs the README's CPU block word for word; the general block must be the
+    # The SGLang server tier runs docs/sglang.md's CPU block word for word; the general block must be the
     # same command without what only SGLang's CPU engine needs.
     from tests.sglang.serve import readme_server_commands
 

@@ -102,7 +102,7 @@ def test_a_run_number_that_is_not_there_is_a_usage_error(capsys, tmp_path: Path)
         assert "--run" in capsys.readouterr().err
 
 
-# What a user's script does with the README's hook (configure() without an output folder): every run
+# What a user's script does with the hook of docs/hooks.md (configure() without an output folder): every run
 # appends to ./otel-llm-output/traces.jsonl, with the same request ids.
 _APPENDING_RUN = """
 import otel_llm

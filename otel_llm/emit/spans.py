@@ -8,7 +8,7 @@ Built once per request when it finishes (docs/lifecycle.md, "The trace"):
     ├─ llm.prefill [S1, F | E]     ── llm.preempted [P_k, R_k | E], llm.recompute [R_k, T_k | E] before F
     └─ llm.decode [F, E]           ── the same pair for each preemption after F
 
-A disaggregated request (README, "Disaggregated prefill and decode") has one ``llm.request``, emitted by
+A disaggregated request (docs/disaggregated.md) has one ``llm.request``, emitted by
 the decode instance, with each instance's part below it: ``llm.instance.prefill`` [A, K_p] (admission,
 queue, prefill, ``llm.kv_transfer`` [F, K_p]), emitted by the prefill instance when it hands the request
 off, and ``llm.instance.decode`` [Q_d, E] (``llm.kv_transfer`` [Q_d, K_d], queue [K_d, S1_d], decode

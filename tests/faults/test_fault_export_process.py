@@ -234,7 +234,7 @@ def test_sigterm_with_thousands_queued_exports_them_all_within_the_budget(starte
             engine.kill()
     assert ready["queued"] >= 1000, ready  # thousands still in the engine's queue when it was told to stop
     assert last == {"shutdown": True}
-    # The README's bound: OTEL_LLM_SHUTDOWN_TIMEOUT (5 s) plus 1 s of grace.
+    # The documented bound (docs/operations.md): OTEL_LLM_SHUTDOWN_TIMEOUT (5 s) plus 1 s of grace.
     assert took < 6.0, took
     assert wait_for(lambda: len(roots(receiver)) == 4000)
     assert all(not Path(f"/proc/{pid}").exists() for pid in ready["export_pids"])

@@ -1,6 +1,6 @@
-"""SGLang's HTTP server started as the README says, and the README's commands read back.
+"""SGLang's HTTP server started as docs/sglang.md says, and that page's commands read back.
 
-``readme_server_commands()`` returns the README's two SGLang server blocks (the general one and the
+``readme_server_commands()`` returns docs/sglang.md's two SGLang server blocks (the general one and the
 CPU one the tests run); ``Server`` starts the CPU one as a subprocess, word for word except for the
 model path, the port and the collector endpoint, which are this test's, and stops it again.
 """
@@ -23,19 +23,21 @@ from tests.sglang.conftest import REPO, SGLANG_PYTHON, sglang_env
 README_MODEL = "my-model"
 README_PORT = "30000"
 README_ENDPOINT = "http://localhost:4317"
+SGLANG_PAGE = "docs/sglang.md"  # the page with the server blocks; README_*: words of those blocks
 CPU_MARKER = "On a CPU-only machine"
 READY_TIMEOUT_S = 180.0  # start-up is about 16 s alone; far more on a loaded 2-core machine
 
 
 def readme_server_commands() -> tuple[list[str], list[str]]:
-    """The command lines (comments and blank lines dropped) of the README's SGLang server blocks:
+    """The command lines (comments and blank lines dropped) of docs/sglang.md's SGLang server blocks:
     (the general block, the CPU block that follows the CPU marker)."""
-    text = (REPO / "README.md").read_text()
+    text = (REPO / SGLANG_PAGE).read_text()
     section = text.split("SGLang 0.5.23", 1)[1]
     block = re.compile(r"```bash\n(.*?)```", re.S)
     general = block.search(section)
     cpu = block.search(section, section.index(CPU_MARKER))
-    assert general and cpu and general.start() < cpu.start(), "the README's SGLang server blocks are missing"
+    missing = f"{SGLANG_PAGE}'s SGLang server blocks are missing"
+    assert general and cpu and general.start() < cpu.start(), missing
     return _lines(general.group(1)), _lines(cpu.group(1))
 
 
@@ -51,7 +53,7 @@ def _lines(block: str) -> list[str]:
 def command_and_env(
     lines: list[str], model: Path, port: int, endpoint: str
 ) -> tuple[list[str], dict[str, str]]:
-    """The README's CPU lines as (argv, environment additions), with this test's model, port, endpoint."""
+    """docs/sglang.md's CPU lines as (argv, environment additions), with this test's model, port, endpoint."""
     env: dict[str, str] = {}
     argv: list[str] = []
     for line in lines:
@@ -62,14 +64,14 @@ def command_and_env(
         elif words[:3] == ["python", "-m", "sglang.launch_server"]:
             argv = [str(SGLANG_PYTHON), *words[1:]]
         elif words[:2] != ["pip", "install"]:  # otel-llm is installed (editable) in the test virtualenv
-            raise AssertionError(f"a README line the test does not know how to run: {line}")
-    assert argv, "no launch_server line in the README's CPU block"
+            raise AssertionError(f"a {SGLANG_PAGE} line the test does not know how to run: {line}")
+    assert argv, f"no launch_server line in {SGLANG_PAGE}'s CPU block"
     argv = [str(model) if w == README_MODEL else str(port) if w == README_PORT else w for w in argv]
     return argv, env
 
 
 class Server:
-    """``python -m sglang.launch_server`` as the README's CPU block starts it, in its own session."""
+    """``python -m sglang.launch_server`` as docs/sglang.md's CPU block starts it, in its own session."""
 
     def __init__(self, model: Path, port: int, endpoint: str, log: Path, extra_env: dict[str, str]) -> None:
         _, cpu = readme_server_commands()

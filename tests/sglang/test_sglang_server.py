@@ -1,6 +1,6 @@
 """otel_llm in SGLang's HTTP server, driven with the official openai client, compared with ``/metrics``.
 
-The server is ``python -m sglang.launch_server`` started from the README's CPU block word for word (see
+The server is ``python -m sglang.launch_server`` started from docs/sglang.md's CPU block word for word (see
 serve.py), with ``SGLANG_TEST_RETRACT=1`` so that concurrent requests are retracted. otel_llm is active
 through SGLang's plugin entry point alone and exports over OTLP/gRPC to a real receiver in this
 process. Driven in order: chat and completions, each streaming and not, each with a caller's

@@ -171,7 +171,7 @@ def test_every_histogram_is_exported(offline: OfflineRun) -> None:
 def test_ttft_and_e2e_next_to_vllms_definitions(offline: OfflineRun) -> None:
     """Same arrival; our first token is the engine core's batch timestamp, vLLM's TTFT ends when its
     frontend starts processing that batch (later, never earlier). Our finish is when the frontend has
-    processed the last batch, vLLM's e2e ends when it started to (earlier). The README quotes both."""
+    processed the last batch, vLLM's e2e ends when it started to (earlier). docs/vllm.md quotes both."""
     offsets = {}
     for ours, theirs in (
         (sc.METRIC_TTFT, "vllm:time_to_first_token_seconds"),

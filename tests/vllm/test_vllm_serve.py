@@ -335,7 +335,7 @@ def test_served_phase_histograms_equal_the_servers(
 
 def test_served_ttft_next_to_the_servers(served: Server) -> None:
     """Same arrival; ours ends at the engine core's batch timestamp, vLLM's when its frontend process
-    handles that batch, after the hand-over between the two processes (printed; the README quotes it)."""
+    handles that batch, after the hand-over between the two processes (printed; docs/vllm.md quotes it)."""
     vllm = served.extra["prometheus"]
     point = summed(latest_points(served.collected)[sc.METRIC_TTFT])
     assert point["count"] == vllm["vllm:time_to_first_token_seconds_count"]
