@@ -82,7 +82,9 @@ def rows(measures: Sequence[Measure]) -> list[tuple[str, str, str, bool | None, 
                     f"{net * 100:.2f} % ({m.note})" if m.note else f"{net * 100:.2f} %",
                     "finished() no longer builds spans, but every step still pays tokens() and "
                     "engine_state() on the engine's thread (a few µs each, with cold CPU caches between "
-                    "steps), which the export process cannot take over: they are most of what is left",
+                    "steps), about half of what is left and work the export process cannot take over; "
+                    "finished() closing the timeline and making the record, and queued() opening it, "
+                    "are most of the rest",
                 )
             )
     total = _find(measures, TOTAL)
