@@ -28,8 +28,8 @@ PREFILL_CHUNK = 16  # tokens of one prompt per prefill step (long_prefill_token_
 
 def run_disaggregated(args: argparse.Namespace, console: Any) -> int:
     from otel_llm import semconv as sc
-    from otel_llm.commands.demo import make_workload
     from otel_llm.commands.view import emit, load_all, render_lines, terminal_width
+    from otel_llm.commands.workload import make_workload
     from otel_llm.engine import ByteTokenizer, EngineConfig, ModelConfig
     from otel_llm.engine.disaggregated import DisaggregatedEngine, Submit
     from otel_llm.waterfall import group_requests, pick_request

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from otel_llm import semconv as sc
-from otel_llm.commands.demo import make_workload
 from otel_llm.commands.view import load_all, render_lines
+from otel_llm.commands.workload import make_workload
 from otel_llm.engine import ByteTokenizer, EngineConfig, LLMEngine
 from otel_llm.engine.disaggregated import DisaggregatedEngine, Submit
 from otel_llm.waterfall import group_requests
