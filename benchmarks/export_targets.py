@@ -105,6 +105,19 @@ def rows(measures: Sequence[Measure]) -> list[tuple[str, str, str, bool | None, 
                 "each record; the engine's side adds the record's encoding and the pipe",
             )
         )
+    out.append(
+        (
+            "SGLang 0.5.23 server: CPU per request of otel-llm vs SGLang's own tracing, synchronous and "
+            "`SGLANG_TRACE_ASYNC=1`, each process's share shown",
+            "—",
+            "otel-llm below both in the serving processes",
+            None,
+            "not measured",
+            "not built yet: the SGLang section measures the offline engine's output tokens/s with and "
+            "without otel-llm; a server run per tracing setting with each SGLang process's CPU is what is "
+            "missing",
+        )
+    )
     return out
 
 
