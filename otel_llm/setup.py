@@ -50,6 +50,7 @@ from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 
 from otel_llm.export import channel as export_channel
 from otel_llm.export import otlp, quiet
+from otel_llm.export.config_file import ENV_CONFIG_FILE, declarative_config_file, from_config_file
 from otel_llm.export.counting import (
     CountingBatchSpanProcessor,
     CountingMetricExporter,
@@ -67,7 +68,6 @@ _logger = logging.getLogger(__name__)
 ENV_OUTPUT_DIR = "OTEL_LLM_OUTPUT_DIR"
 ENV_SHUTDOWN_TIMEOUT = "OTEL_LLM_SHUTDOWN_TIMEOUT"
 ENV_SDK_DISABLED = "OTEL_SDK_DISABLED"
-ENV_CONFIG_FILE = "OTEL_CONFIG_FILE"  # OpenTelemetry's declarative configuration (YAML)
 DEFAULT_OUTPUT_DIR = "otel-llm-output"
 # Long enough for a final export to a healthy collector, short enough that a stopping engine with an
 # unreachable collector is not held up noticeably.
@@ -136,7 +136,7 @@ def configure(
             return _global_telemetry
         config_file = declarative_config_file()
         if config_file is not None:
-            telemetry = _from_config_file(config_file, service_name, resource_attributes, timeout_s, views)
+            telemetry = from_config_file(config_file, service_name, resource_attributes, timeout_s, views)
         else:
             if os.environ.get(ENV_CONFIG_FILE, "").strip():
                 _logger.warning(
@@ -195,7 +195,7 @@ def build_export_pipeline(
     resource_attributes = settings.get("resource_attributes") or None
     config_file = declarative_config_file()
     if config_file is not None:
-        telemetry = _from_config_file(config_file, service_name, resource_attributes, timeout_s, ())
+        telemetry = from_config_file(config_file, service_name, resource_attributes, timeout_s, ())
     else:
         directory = settings.get("output_dir")
         telemetry = _build(service_name, directory, resource_attributes, timeout_s, (), True, engine_drops)
@@ -256,61 +256,6 @@ def _build(
         shutdown_timeout_s=timeout_s,
         drops=drops,
     )
-
-
-def declarative_config_file() -> str | None:
-    """The ``OTEL_CONFIG_FILE`` path that ``configure()`` builds from, or None (unset, or not readable by
-    this OpenTelemetry install: then the ``OTEL_*`` variables are used)."""
-    path = os.environ.get(ENV_CONFIG_FILE, "").strip()
-    return path if path and _declarative_support() else None
-
-
-def _declarative_support() -> bool:
-    """Whether the SDK's declarative configuration package is installed (and imports)."""
-    try:
-        import opentelemetry.configuration.file  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _from_config_file(
-    path: str,
-    service_name: str | None,
-    resource_attributes: Mapping[str, Any] | None,
-    timeout_s: float,
-    views: Sequence[View],
-) -> Telemetry:
-    """Providers built from the declarative configuration file at ``path``, as opentelemetry-instrument
-    builds them: the file decides exporters, processors, readers, samplers and views, and the ``OTEL_*``
-    exporter variables are not read. Its pipeline is the SDK's own, so ``Telemetry.drops`` and
-    ``delivery()`` count nothing; ``shutdown()`` is still bounded.
-
-    ``service_name`` and ``resource_attributes`` are the fallback under the file's resource.
-    Raises ValueError naming the variable when the file cannot be read or used.
-    """
-    from opentelemetry.configuration.file import (
-        ConfigurationError,
-        create_meter_provider,
-        create_resource,
-        create_tracer_provider,
-        load_config_file,
-    )
-
-    try:
-        config = load_config_file(path)
-        code: dict[str, Any] = dict(resource_attributes or {})
-        if service_name:
-            code[SERVICE_NAME] = service_name
-        resource = Resource(code).merge(create_resource(config.resource))
-        tracer_provider = create_tracer_provider(config.tracer_provider, resource)
-        meter_provider = create_meter_provider(config.meter_provider, resource)
-    except (OSError, ConfigurationError, ValueError) as exc:
-        raise ValueError(f"{ENV_CONFIG_FILE}={path!r}: {exc}") from None
-    if views:
-        _logger.warning("otel_llm.configure(views=...) is not applied: %s sets the views", ENV_CONFIG_FILE)
-    _logger.info("otel_llm: providers built from %s=%s", ENV_CONFIG_FILE, path)
-    return Telemetry(tracer_provider, meter_provider, shutdown_timeout_s=timeout_s)
 
 
 def _span_exporter(to: str, directory: Path | None) -> SpanExporter | None:
