@@ -1,7 +1,8 @@
 """The export process's targets (issue "Off the engine's process"), judged against one run's measures:
 what a finished request costs the engine's process, the reference engine's share inside the hooks with
 the export process, and the total CPU against the in-process total. The export process's own CPU is
-reported beside the engine's in every row where it runs."""
+reported beside the engine's in the first row and counted in the total; the share rows time the
+engine's thread alone (the export process runs on another core then), so they are read beside those."""
 
 from __future__ import annotations
 

@@ -35,6 +35,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE)]  # tests/ for otlp_receivers, this folder for tiny_model
+from process_tree import export_processes_below  # noqa: E402  (tests/ is on the path from here)
 
 SCENARIOS: dict[str, dict[str, Any]] = {
     "forced": {
@@ -147,34 +148,6 @@ def span_json(resource: Any, span: Any) -> dict[str, Any]:
         "events": [e.name for e in span.events],
         "service": next((a.value.string_value for a in resource.attributes if a.key == "service.name"), None),
     }
-
-
-def export_processes_below(pid: int) -> list[int]:
-    """otel-llm's export processes (``python -m otel_llm.export.process``) among ``pid``'s descendants."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-
-    def below(child: int) -> bool:
-        while child in parents and child > 1:
-            child = parents[child]
-            if child == pid:
-                return True
-        return False
-
-    found = []
-    for child in parents:
-        try:
-            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"otel_llm.export.process" in cmdline and below(child):
-            found.append(child)
-    return found
 
 
 def run(name: str, models: dict[str, str], tmp: Path) -> dict[str, Any]:

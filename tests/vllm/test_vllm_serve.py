@@ -16,6 +16,7 @@ Three servers of the tiny model (engine core in a spawned process, as always und
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -161,31 +162,41 @@ def prometheus(server: Server) -> dict[str, float]:
 # --- the route without the distro: OTEL_LLM_VLLM_CONFIGURE=1 -----------------------------------------
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    tmp = tmp_path_factory.mktemp("vllm-serve")
+@contextlib.contextmanager
+def serving(tmp: Path, service_name: str, *serve_extra: str) -> Iterator[Server]:
+    """``vllm serve`` on the route without the distro (``OTEL_LLM_VLLM_CONFIGURE=1``), OTLP/gRPC to a
+    real receiver; both stopped on the way out. ``serve_extra``: more ``vllm serve`` arguments."""
     receiver = GrpcReceiver()
     receiver.start()
     port = free_port()
     env = engine_env(
         tmp,
         OTEL_LLM_VLLM_CONFIGURE="1",
-        OTEL_SERVICE_NAME="vllm-serve-test",
+        OTEL_SERVICE_NAME=service_name,
         OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
         OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
         **OTLP_FAST,
     )
-    server = start_server(
-        [str(ENGINE_BIN / "vllm"), *serve_args(port)], env, tmp / "serve.log", receiver.collected, port
-    )
+    command = [str(ENGINE_BIN / "vllm"), *serve_args(port, *serve_extra)]
     try:
-        server.extra.update(drive(server))
-        wait_for_requests(server, server.extra["requests"])
-        server.extra["prometheus"] = prometheus(server)
+        server = start_server(command, env, tmp / "serve.log", receiver.collected, port)
+    except BaseException:
+        receiver.stop()
+        raise
+    try:
         yield server
     finally:
         server.stop()
         receiver.stop()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with serving(tmp_path_factory.mktemp("vllm-serve"), "vllm-serve-test") as server:
+        server.extra.update(drive(server))
+        wait_for_requests(server, server.extra["requests"])
+        server.extra["prometheus"] = prometheus(server)
+        yield server
 
 
 def drive(server: Server) -> dict[str, Any]:

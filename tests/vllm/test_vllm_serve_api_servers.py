@@ -2,20 +2,19 @@
 the default export mode, its own export process; one engine core. Every request's trace arrives whole
 and exactly once, from whichever API server handled it.
 
-Set up as ``served`` in test_vllm_serve.py (``OTEL_LLM_VLLM_CONFIGURE=1``, gRPC to a real receiver).
+Set up as ``served`` in test_vllm_serve.py is (``serving``: ``OTEL_LLM_VLLM_CONFIGURE=1``, gRPC to a
+real receiver).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from engine_tier import ENGINE_BIN, Server, engine_env, needs_engine, serve_args, span_dicts, start_server
-from otlp_receivers import GrpcReceiver
-from ports import free_port
-from test_vllm_serve import OTLP_FAST, STREAMS, concurrent_streams
+from engine_tier import Server, needs_engine, span_dicts
+from process_tree import export_processes_below
+from test_vllm_serve import STREAMS, concurrent_streams, roots_by_client_id, serving
 
 from otel_llm import semconv as sc
 
@@ -23,72 +22,26 @@ pytestmark = needs_engine
 WAIT_S = 60.0
 
 
-def export_processes_below(pid: int) -> list[int]:
-    """otel-llm's export processes among ``pid``'s descendants (from ``/proc``)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-
-    def below(child: int) -> bool:
-        while child in parents and child > 1:
-            child = parents[child]
-            if child == pid:
-                return True
-        return False
-
-    found = []
-    for child in parents:
-        try:
-            if b"otel_llm.export.process" in Path(f"/proc/{child}/cmdline").read_bytes() and below(child):
-                found.append(child)
-        except OSError:
-            continue
-    return found
-
-
 @pytest.fixture(scope="module")
 def two_api_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("vllm-serve-api-servers")
-    receiver = GrpcReceiver()
-    receiver.start()
-    port = free_port()
-    env = engine_env(
-        tmp,
-        OTEL_LLM_VLLM_CONFIGURE="1",
-        OTEL_SERVICE_NAME="vllm-api-servers",
-        OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
-        OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
-        **OTLP_FAST,
-    )
-    command = [str(ENGINE_BIN / "vllm"), *serve_args(port, "--api-server-count", "2")]
-    server = start_server(command, env, tmp / "serve.log", receiver.collected, port)
-    try:
+    with serving(tmp, "vllm-api-servers", "--api-server-count", "2") as server:
         # Two rounds of streams: enough connections that both API servers take some.
         server.extra["streams"] = concurrent_streams(server) + concurrent_streams(server)
 
         def arrived(collected: object) -> bool:
             return sum(s["name"] == sc.SPAN_REQUEST for s in span_dicts(server.collected)) >= 2 * STREAMS
 
-        server.collected.wait_until(arrived, timeout_s=WAIT_S)
+        assert server.collected.wait_until(arrived, timeout_s=WAIT_S), server.output()[-4000:]
         server.extra["export_processes"] = len(export_processes_below(server.proc.pid))
         yield server
-    finally:
-        server.stop()
-        receiver.stop()
 
 
 def test_every_request_is_one_whole_trace_exactly_once(two_api_servers: Server) -> None:
     spans = span_dicts(two_api_servers.collected)
     ids = Counter(s["span_id"] for s in spans)
     assert not [i for i, n in ids.items() if n > 1], "a span arrived twice"
-    roots: dict[str, list[dict]] = {}
-    for s in spans:
-        if s["name"] == sc.SPAN_REQUEST:
-            roots.setdefault(s["attributes"][sc.LLM_REQUEST_ID], []).append(s)
+    roots = roots_by_client_id(spans)
     streams = two_api_servers.extra["streams"]
     assert len(streams) == 2 * STREAMS
     for stream in streams:
