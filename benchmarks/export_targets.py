@@ -2,15 +2,20 @@
 what a finished request costs the engine's process, the reference engine's share inside the hooks with
 the export process, and the total CPU against the in-process total. The export process's own CPU is
 reported beside the engine's in the first row and counted in the total; the share rows time the
-engine's thread alone (the export process runs on another core then), so they are read beside those."""
+engine's thread alone (the export process runs on another core then), so they are read beside those.
+The SGLang server row comes from BENCHMARKS-sglang.json, the last full run of
+``python -m benchmarks.sglang_server_cost``."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
+from benchmarks import sglang_server_report
 from benchmarks.report import Measure, fmt
 from benchmarks.sampling import EXPORT_PROCESS, TIMING_COST
 
+SGLANG_RESULT = Path(__file__).resolve().parent.parent / "BENCHMARKS-sglang.json"
 ENGINE_CPU = "engine-process CPU per finished request over the bare loop, export mode process"
 EXPORT_CPU = "export-process CPU per finished request, export mode process"
 IN_PROCESS_CPU = "engine-process CPU per finished request over the bare loop, export mode in_process"
@@ -106,19 +111,22 @@ def rows(measures: Sequence[Measure]) -> list[tuple[str, str, str, bool | None, 
                 "each record; the engine's side adds the record's encoding and the pipe",
             )
         )
-    out.append(
-        (
-            "SGLang 0.5.23 server: CPU per request of otel-llm vs SGLang's own tracing, synchronous and "
-            "`SGLANG_TRACE_ASYNC=1`, each process's share shown",
-            "—",
-            "otel-llm below both in the serving processes",
-            None,
-            "not measured",
-            "not built yet: the SGLang section measures the offline engine's output tokens/s with and "
-            "without otel-llm; a server run per tracing setting with each SGLang process's CPU is what is "
-            "missing",
+    # Four SGLang servers take minutes to start, so the harness does not run them: the row is read from
+    # the last full run of `python -m benchmarks.sglang_server_cost`, whose report says how it was made.
+    sglang = sglang_server_report.load(SGLANG_RESULT)
+    if sglang is None:
+        out.append(
+            (
+                sglang_server_report.TARGET_WHAT,
+                "—",
+                sglang_server_report.TARGET,
+                None,
+                "not measured",
+                f"{SGLANG_RESULT.name} is missing: `python -m benchmarks.sglang_server_cost` writes it",
+            )
         )
-    )
+    else:
+        out.append(sglang_server_report.target_row(sglang))
     return out
 
 
