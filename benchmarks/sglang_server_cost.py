@@ -188,7 +188,8 @@ def server_env(variant: str, endpoint: str) -> dict[str, str]:
     env.update({"SGLANG_USE_CPU_ENGINE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
     # One OpenMP thread per server: torch's OpenMP workers spin-wait between parallel regions, and that
     # spin grows with whatever else runs on the 2 cores, so with two of them the bare server's CPU per
-    # request varied 14-37 ms over nine rounds and buried tracing's few ms; with one it is the work.
+    # request varied 14-37 ms over nine rounds and buried tracing's few ms; with one, no spin is counted
+    # (what still moves a turn's CPU is the machine's speed, which the report's spread shows).
     env["OMP_NUM_THREADS"] = "1"
     if variant == "otel-llm":
         # As a user gets it: the plugin is installed, so SGLang loads it; the endpoint is the docs' variable.
