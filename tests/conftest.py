@@ -2,7 +2,8 @@
 providers with in-memory exporters, tests/harness.py) or, for tests marked ``both_modes``, in both modes:
 ``process`` puts the export process and a real OTLP receiver between the tracker and the test
 (tests/export_harness.py).
-Also the hooks of ``python -m pytest --quick`` (tests/quick_run.py).
+Also the hooks of ``python -m pytest --quick`` (tests/quick_run.py) and the skip accounting
+(tests/skips.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ EXPORT_MODES = ("in_process", "process")
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    import skips  # a failed tier build's output at the end of the run; OTEL_LLM_FAIL_ON_SKIP
+
+    config.pluginmanager.register(skips, "otel-llm-skips")
     config.addinivalue_line(
         "markers", "both_modes: run the test's harness in export mode in_process and in export mode process"
     )

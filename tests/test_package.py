@@ -5,7 +5,7 @@ dropped from pyproject.toml or a missing ``py.typed`` goes unnoticed. Here ``pyt
 sdist and, from it, the wheel (as a release would) out of a copy of what the build reads; ``twine check``
 reads their metadata; pip installs the wheel (not editable) with its dependencies into a fresh virtualenv,
 and every command below runs there, outside the checkout, so nothing can be imported from it. torch comes
-from the wheel folder the environment scripts share (``install_torch`` in tests/venv_tools.sh), installed
+from the folder the environment scripts share (``torch_tree`` in tests/venv_tools.sh), installed
 once and hard-linked into each new virtualenv (see ``installed_torch``): no download after the first run.
 About a minute on a busy 2-core machine once torch is installed there; the first run adds the download.
 """
@@ -82,37 +82,19 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def wheel_folder() -> Path:
-    """The wheel folder the environment scripts share (``install_torch`` in tests/venv_tools.sh)."""
-    if os.environ.get("OTEL_LLM_WHEEL_CACHE"):
-        return Path(os.environ["OTEL_LLM_WHEEL_CACHE"])
-    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(cache) / "otel-llm" / "wheels"
-
-
-def installed_torch(scratch: Path) -> Path:
-    """A folder holding TORCH_PIN and what it needs, installed by pip from the shared wheel folder once.
+def installed_torch() -> Path:
+    """A folder holding TORCH_PIN and what it needs, installed by pip once (``torch_tree`` in
+    tests/venv_tools.sh, the folder every torch virtualenv of the test tiers links its torch from).
 
     Unpacking torch with its CUDA libraries writes 4.7 GB, a minute or two of this test on a busy
-    2-core machine; each fresh virtualenv gets this folder as hard links instead (a second), which is
-    the same files pip would have written. ``install_torch`` installs it (``PIP_TARGET``: into this
-    folder, not a virtualenv) and first fills the wheel folder when it lacks the wheels.
+    2-core machine; the fresh virtualenv gets this folder as hard links instead (a second), which is
+    the same files pip would have written. ``torch_tree`` runs this interpreter's pip (``--target``) and
+    first fills the wheel folder from PyPI when it lacks the wheels.
     """
-    (pin,) = re.findall(r'^TORCH_PIN="([^"]+)"', (ROOT / "tests" / "venv_tools.sh").read_text(), re.M)
-    site = wheel_folder() / f"installed-{pin.replace('==', '-')}-{sys.implementation.cache_tag}"
-    if site.is_dir():
-        return site
-    bootstrap = scratch / "bootstrap"
-    venv.create(bootstrap, with_pip=True)  # the pip that install_torch runs
-    building = site.with_name(f"{site.name}.{os.getpid()}")
-    env = clean_env(VENV=str(bootstrap), PIP_TARGET=str(building))
-    run(["bash", "-c", ". tests/venv_tools.sh && install_torch"], cwd=ROOT, env=env)
-    shutil.rmtree(building / "bin", ignore_errors=True)  # console scripts that name the bootstrap's python
-    try:
-        building.rename(site)  # all at once: a run that stops half-way leaves no half-installed torch
-    except OSError:  # another run got there first; its copy is the same
-        shutil.rmtree(building)
-    return site
+    env = clean_env(VENV=sys.prefix)
+    if os.environ.get("OTEL_LLM_WHEEL_CACHE"):  # clean_env leaves out every OTEL_ variable
+        env["OTEL_LLM_WHEEL_CACHE"] = os.environ["OTEL_LLM_WHEEL_CACHE"]
+    return Path(run(["bash", "-c", ". tests/venv_tools.sh && torch_tree"], cwd=ROOT, env=env).strip())
 
 
 def link_or_copy(source: str, dest: str) -> None:
@@ -126,7 +108,7 @@ def link_or_copy(source: str, dest: str) -> None:
 def installed(tmp_path_factory: pytest.TempPathFactory, dist: dict[str, Path]) -> Iterator[Path]:
     """A fresh virtualenv holding the wheel with its torch extra and opentelemetry-distro; its bin folder."""
     where = tmp_path_factory.mktemp("venv")
-    torch_site = installed_torch(tmp_path_factory.mktemp("torch"))
+    torch_site = installed_torch()
     venv.create(where, with_pip=False)
     bin_dir = where / "bin"
     purelib = "import sysconfig; print(sysconfig.get_path('purelib'))"

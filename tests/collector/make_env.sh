@@ -17,11 +17,9 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 TIER="${OTEL_LLM_COLLECTOR_TIER:-${XDG_CACHE_HOME:-$HOME/.cache}/otel-llm/collector-tier}"
 
 if [ "${1:-}" = "--best-effort" ]; then
-    if bash "${BASH_SOURCE[0]}"; then
-        exit 0
-    fi
-    rm -rf "$TIER/bin" "$TIER/stamp"
-    echo "make_env: the Collector, Jaeger or Prometheus could not be built; the tests in tests/collector will be skipped" >&2
+    # shellcheck source=../venv_tools.sh
+    . "$HERE/../venv_tools.sh"  # best_effort
+    best_effort collector "${BASH_SOURCE[0]}" "$TIER/bin" "$TIER/stamp"
     exit 0
 fi
 

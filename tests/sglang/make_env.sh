@@ -13,12 +13,10 @@
 set -euo pipefail
 
 if [ "${1:-}" = "--best-effort" ]; then
-    if bash "${BASH_SOURCE[0]}"; then
-        exit 0
-    fi
-    VENV="${OTEL_LLM_SGLANG_VENV:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/.venv-sglang}"
-    rm -rf "$VENV"
-    echo "make_env: the SGLang virtualenv could not be built; the tests in tests/sglang will be skipped" >&2
+    ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+    # shellcheck source=../venv_tools.sh
+    . "$ROOT/tests/venv_tools.sh"  # best_effort
+    best_effort sglang "${BASH_SOURCE[0]}" "${OTEL_LLM_SGLANG_VENV:-$ROOT/.venv-sglang}"
     exit 0
 fi
 
@@ -50,7 +48,7 @@ if [ -x "$VENV/bin/python" ] && probe; then
     exit 0
 fi
 
-echo "make_env: building $VENV (about 5.6 GB, 5 of them torch; a few minutes)"
+echo "make_env: building $VENV (about 1 GB, plus the 4.7 GB torch tree shared by hard links; a few minutes)"
 [ -x "$VENV/bin/python" ] || "$PYTHON_BIN" -m venv "$VENV"
 
 # 1. torch first, so nothing below can choose another build.

