@@ -72,6 +72,8 @@ LLM_RESUMED = "llm.resumed"
 LLM_OUTPUT_TOKENS = "llm.output_tokens"
 LLM_FINISH_REASON = "llm.finish_reason"
 LLM_REQUEST_STATE = "llm.request.state"
+# On the phase span (and the preemption span) a request was in when it was aborted or failed: true.
+LLM_CUT_SHORT = "llm.cut_short"
 LLM_ANOMALY_KIND = "kind"
 EXPORT_DROP_REASON = "reason"  # on the otel_llm.export.*.dropped self-metrics
 
@@ -138,6 +140,9 @@ KNOWN_FINISH_REASONS = frozenset(
 )
 # Reasons that make a request a failure: no TTFT / TPOT sample, error.type on the duration.
 FAILED_REASONS = frozenset({REASON_ERROR, REASON_ABANDONED, REASON_EVICTED})
+# Reasons that cut a request short: the spans it was in at finish get LLM_CUT_SHORT (and, for a failure,
+# the request's ERROR status). A client's abort is not a failure, but its phase still stopped early.
+CUT_SHORT_REASONS = FAILED_REASONS | {REASON_ABORT}
 
 # --- metrics (name, unit) -----------------------------------------------------------------------------
 METRIC_TTFT = "gen_ai.server.time_to_first_token"

@@ -359,7 +359,14 @@ def _finish_words(trace: RequestTrace) -> str:
     reasons = trace.finish_reasons
     if not reasons:
         return "-"
-    return ",".join(f"{r} ({FINISH_WORDS[r]})" if r in FINISH_WORDS else r for r in reasons)
+    text = ",".join(f"{r} ({FINISH_WORDS[r]})" if r in FINISH_WORDS else r for r in reasons)
+    # The spans it was in when it stopped (docs/lifecycle.md): the phase, then its open preemption.
+    cut = sorted(
+        (s for s in trace.spans if s.attributes.get(sc.LLM_CUT_SHORT) is True), key=lambda s: s.start_ns
+    )
+    if cut:
+        text += ", cut short in " + " and ".join(s.name for s in cut)
+    return text
 
 
 def _recompute_work(trace: RequestTrace) -> str | None:

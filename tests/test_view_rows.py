@@ -166,3 +166,24 @@ def test_the_real_engine_s_preempted_rows_carry_its_figures(capsys, tmp_path: Pa
     out = view(capsys, str(path), "--width", "120")  # the most preempted request
     expected = recompute_figures(path, trace_id_of(out))
     assert expected and row_figures(out) == expected, out
+
+
+def failed_while_evicted(tracker: RequestTracker) -> None:
+    """A decode preempted and never rescheduled: the engine fails it while it is evicted."""
+    tracker.queued("r", prompt_tokens=PROMPT, ts=T0)
+    tracker.scheduled(["r"], ts=T0 + 0.1)
+    tracker.tokens(["r"], ts=T0 + 0.2)
+    tracker.preempted(["r"], ts=T0 + 0.3)
+    tracker.finished("r", reason="error", error="KV cache lost", ts=T0 + 0.8)
+
+
+def test_the_finish_line_names_the_spans_a_request_was_cut_short_in(capsys, tmp_path: Path) -> None:
+    out = view(capsys, str(tracker_file(tmp_path, failed_while_evicted)))
+    (finish,) = [line for line in out.splitlines() if "finish:" in line]
+    assert "finish: error, cut short in llm.decode and llm.preempted" in finish
+
+
+def test_a_request_that_ended_as_it_should_names_no_span(capsys, preempted_file: Path) -> None:
+    out = view(capsys, str(preempted_file), "--request", "r")
+    assert "cut short" not in out
+    assert "finish: length" in out

@@ -265,6 +265,41 @@ class _ApiSpans:
         span.set_status(status)
 
 
+_UNSET_STATUS = Status(StatusCode.UNSET)
+
+
+def _cut_short(rec: RequestRecord) -> Status | None:
+    """The status for the spans a request was in when it ended, when it was cut short (aborted: UNSET;
+    failed: the request's ERROR); None for a request that ended as it should (docs/lifecycle.md)."""
+    if rec.reason not in sc.CUT_SHORT_REASONS:
+        return None
+    if rec.status_message is None:
+        return _UNSET_STATUS
+    return Status(StatusCode.ERROR, rec.status_message)
+
+
+def _if(condition: bool, cut: Status | None) -> Status | None:
+    return cut if condition else None
+
+
+def _mark(emit: Any, span: Any, status: Status) -> None:
+    """Mark ``span`` as the one its request was in when cut short."""
+    emit.set_attribute(span, sc.LLM_CUT_SHORT, True)
+    if status.status_code is StatusCode.ERROR:
+        emit.set_status(span, status)
+
+
+def _child(emit: Any, name: str, parent: Any, t0: int, t1: int, attributes: Any, cut: Status | None) -> None:
+    """A span that ends at once; one the request was cut short in (``cut`` a status) is marked first.
+    Both ways draw one span id, so the two emitters still agree."""
+    if cut is None:
+        emit.child(name, parent, t0, t1, attributes)
+        return
+    span = emit.start(name, parent, t0, attributes)
+    _mark(emit, span, cut)
+    emit.end(span, t1)
+
+
 def _children(emit: Any, ns: Callable[[float], int], root: Any, rec: RequestRecord) -> Any:
     """The instance, phase and preemption spans under ``root`` (and the step spans, for the ``steps``
     detail level), through ``emit`` (``_ApiSpans`` or ``otel_llm.emit.sdk_spans.RequestSpans``: the same
@@ -272,6 +307,7 @@ def _children(emit: Any, ns: Callable[[float], int], root: Any, rec: RequestReco
     on (the decode instance's span, or ``root``). ``ns``: monotonic seconds -> wall-clock ns."""
     end = rec.finished
     start, child, under = emit.start, emit.child, emit.under
+    cut = _cut_short(rec)
     top, top_ctx = root, under(root)
     if rec.handed_in:
         top = start(sc.SPAN_INSTANCE_DECODE, top_ctx, ns(rec.queued), {sc.LLM_ROLE: sc.ROLE_DECODE})
@@ -285,13 +321,22 @@ def _children(emit: Any, ns: Callable[[float], int], root: Any, rec: RequestReco
         if rec.kv_done is not None:
             ready = rec.kv_done
             child(sc.SPAN_KV_TRANSFER, top_ctx, ns(rec.queued), ns(ready), kv_attrs)
-        child(sc.SPAN_QUEUE, top_ctx, ns(ready), ns(s1 if s1 is not None else end))
+        _child(
+            emit,
+            sc.SPAN_QUEUE,
+            top_ctx,
+            ns(ready),
+            ns(s1 if s1 is not None else end),
+            None,
+            _if(s1 is None, cut),
+        )
         if s1 is not None:
             decode = prefill = start(sc.SPAN_DECODE, top_ctx, ns(s1))
     else:
         if rec.arrival < rec.queued:  # the API server's part: not queue time, but in TTFT and e2e
             child(sc.SPAN_ADMISSION, top_ctx, ns(rec.arrival), ns(rec.queued))
-        child(sc.SPAN_QUEUE, top_ctx, ns(rec.queued), ns(s1 if s1 is not None else end))
+        queue_end = ns(s1 if s1 is not None else end)
+        _child(emit, sc.SPAN_QUEUE, top_ctx, ns(rec.queued), queue_end, None, _if(s1 is None, cut))
         if s1 is not None:
             prefill = start(sc.SPAN_PREFILL, top_ctx, ns(s1))
         if first is not None and not rec.handed_off:
@@ -302,16 +347,21 @@ def _children(emit: Any, ns: Callable[[float], int], root: Any, rec: RequestReco
         phase = decode if last_token is not None else prefill  # after the first token: decode's
         if phase is not None:
             # A recompute cut short by the next preemption ends there, so the spans never overlap.
-            until = preemptions[k + 1][0] if k + 1 < len(preemptions) else end
+            last = k + 1 == len(preemptions)
+            until = end if last else preemptions[k + 1][0]
             ctx = under(phase)
-            child(sc.SPAN_PREEMPTED, ctx, ns(preempted), ns(resumed if resumed is not None else until))
+            evicted_at_end = _if(last and resumed is None, cut)
+            t1 = ns(resumed if resumed is not None else until)
+            _child(emit, sc.SPAN_PREEMPTED, ctx, ns(preempted), t1, None, evicted_at_end)
             if resumed is not None:
-                child(
+                _child(
+                    emit,
                     sc.SPAN_RECOMPUTE,
                     ctx,
                     ns(resumed),
                     ns(recomputed if recomputed is not None else until),
                     recompute_attributes(p),
+                    _if(last and recomputed is None, cut),
                 )
     steps = rec.steps
     if steps is not None:
@@ -325,8 +375,12 @@ def _children(emit: Any, ns: Callable[[float], int], root: Any, rec: RequestReco
             ctx = prefill_ctx if first is None or ts <= first else decode_ctx
             child(sc.SPAN_ENGINE_STEP, ctx, ns(t0), ns(ts), step_attributes(row))
     if prefill is not None and prefill is not decode:
+        if first is None and cut is not None:
+            _mark(emit, prefill, cut)
         emit.end(prefill, ns(first if first is not None else end))
     if decode is not None:
+        if cut is not None:
+            _mark(emit, decode, cut)
         emit.end(decode, ns(end))
     if rec.handed_off:  # [F, K]: the KV cache held after the first token until it was sent
         child(
