@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 from harness import US, Harness, RequestTrace  # noqa: F401  (re-exported for the test modules)
-from quick_run import pytest_addoption, pytest_ignore_collect, pytest_terminal_summary
+from quick_run import pytest_addoption, pytest_cmdline_main, pytest_ignore_collect, pytest_terminal_summary
 
-QUICK_RUN_HOOKS = (pytest_addoption, pytest_ignore_collect, pytest_terminal_summary)  # pytest finds them here
+# pytest finds them here
+QUICK_RUN_HOOKS = (pytest_addoption, pytest_cmdline_main, pytest_ignore_collect, pytest_terminal_summary)
 EXPORT_MODES = ("in_process", "process")
 
 

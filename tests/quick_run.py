@@ -2,7 +2,10 @@
 README's test command builds (tests/conftest.py registers these hooks).
 
 The tiers' folders are not even collected (collecting them alone takes seconds), so nothing fails or
-skips for a missing environment, and one line of the summary names what was left out.
+skips for a missing environment, and one line of the summary names what was left out. Where
+pytest-xdist is installed (the dev extra has it) and no ``-n`` is given, the run is spread over every
+core (``-n auto``): most of its time is real processes started and waited on. ``-p no:xdist`` runs it in
+one process.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ TIERS = (
     ("the engine tiers", ("vllm", "sglang")),  # .venv-vllm, .venv-vllm-cpu, .venv-sglang
     ("the Collector tier", ("collector",)),  # the Collector, Jaeger and Prometheus binaries
     ("the minimum-version tier", ("test_min_versions.py",)),  # .venv-min
+    ("the Phoenix tier", ("phoenix",)),  # .venv-phoenix and Debian's chromium
+    ("the wheel tier", ("test_package.py",)),  # the torch tree the make_env scripts install once
 )
 TIER_PATHS = {TESTS / name for _, names in TIERS for name in names}
 
@@ -26,10 +31,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--quick",
         action="store_true",
-        help="leave out the engine tiers (tests/vllm, tests/sglang), the Collector tier (tests/collector) "
-        "and the minimum-version tier (tests/test_min_versions.py), which need the environments the "
-        "README's test command builds",
+        help="leave out the engine tiers (tests/vllm, tests/sglang), the Collector tier (tests/collector), "
+        "the minimum-version tier (tests/test_min_versions.py), the Phoenix tier (tests/phoenix) and the "
+        "wheel tier (tests/test_package.py), which need the environments the README's test command "
+        "builds; with pytest-xdist installed and no -n given, run on every core",
     )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """``--quick`` without ``-n``: ``-n auto``, set before xdist reads it (its own hook runs after)."""
+    if (
+        config.getoption("quick")
+        and config.pluginmanager.hasplugin("xdist")
+        and config.getoption("numprocesses", None) is None
+        and not hasattr(config, "workerinput")  # a worker of such a run
+    ):
+        config.option.numprocesses = "auto"
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:

@@ -10,26 +10,15 @@ the demo's output must have the rows and lines a run prints today.
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from pictures import PICTURES, ROOT, make_pictures, spans_by_trace
 
-ROOT = Path(__file__).resolve().parent.parent
-PICTURES = ROOT / "docs" / "pictures"
 NS = "{http://www.w3.org/2000/svg}"
 SVG = f"{NS}svg"
-
-
-def make_pictures():
-    spec = importlib.util.spec_from_file_location("make_pictures", PICTURES / "make_pictures.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def svg_text(svg: str) -> str:
@@ -38,17 +27,6 @@ def svg_text(svg: str) -> str:
     assert root.tag == SVG, root.tag
     # rich writes a line as several text elements (one per style) and its spaces as no-break spaces
     return "".join("".join(e.itertext()) for e in root.iter(f"{NS}text")).replace("\xa0", " ")
-
-
-def spans_by_trace(run: Path) -> dict[str, set[str]]:
-    names: dict[str, set[str]] = {}
-    for path in run.rglob("traces.jsonl"):
-        for line in path.read_text().splitlines():
-            for rs in json.loads(line)["resourceSpans"]:
-                for ss in rs["scopeSpans"]:
-                    for span in ss["spans"]:
-                        names.setdefault(span["traceId"], set()).add(span["name"])
-    return names
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +71,8 @@ def test_the_readme_shows_what_the_demo_prints(demo: tuple[Path, str, str]) -> N
     shown, real = readme_demo_sample(), printed.splitlines()
     assert table_rows(shown) == table_rows(real), "the README's summary table has other rows than a run's"
     for prefix in ("request req-", "TTFT: ", "preemptions: ", "traces: ", "metrics: ", "view a request: "):
-        assert any(line.startswith(prefix) for line in shown), prefix
-        assert any(line.startswith(prefix) for line in real), prefix
+        # The waterfall's figures are wrapped to the width: with other timings (a busy machine) a
+        # figure can start a line or follow another one on it, two spaces after it.
+        assert any(line.startswith(prefix) or f"  {prefix}" in line for line in shown), prefix
+        assert any(line.startswith(prefix) or f"  {prefix}" in line for line in real), prefix
     assert shown[-1] == real[-1], "the demo's last line (how to send to a collector) is not the README's"

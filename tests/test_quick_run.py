@@ -6,6 +6,7 @@ A real pytest collects the tests folder, with every module outside the tiers lef
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -47,7 +48,7 @@ def test_quick_collects_no_tier_and_says_so_in_one_line() -> None:
 
 def test_without_quick_the_minimum_version_tier_is_collected() -> None:
     # What the README's command 2 runs, unchanged: here, the tier that fails when its environment is missing.
-    done = collect(leave_out=("vllm", "sglang", "collector"))
+    done = collect(leave_out=("vllm", "sglang", "collector", "phoenix"))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "tests/test_min_versions.py::" in done.stdout, done.stdout
     assert "left out" not in done.stdout, done.stdout
@@ -55,3 +56,25 @@ def test_without_quick_the_minimum_version_tier_is_collected() -> None:
 
 def test_the_readme_gives_the_quick_command() -> None:
     assert "python -m pytest --quick" in (ROOT / "README.md").read_text()
+
+
+LAYOUT = "tests/test_layout.py"  # a few fast tests
+
+
+def run_quick(*options: str) -> str:
+    """What ``pytest --quick OPTIONS`` prints for one small module of the suite, which must pass."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--quick", "-p", "no:cacheprovider", *options, LAYOUT],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_quick_spreads_over_the_cores_unless_told_otherwise() -> None:
+    assert re.search(r"^\d+ workers \[\d+ items?\]", run_quick(), re.M), "--quick ran in one process"
+    for alone in (("-p", "no:xdist"), ("-n", "0")):
+        assert " workers [" not in run_quick(*alone), alone
