@@ -28,8 +28,12 @@ class EngineRun:
     preemptions: int
 
 
-def one_run(tracker: Any, requests: int, max_tokens: int, num_kv_blocks: int = 160) -> EngineRun:
-    """Run ``requests`` requests of ``max_tokens`` tokens to completion, batch up to 64.
+def one_run(
+    tracker: Any, requests: int, max_tokens: int, num_kv_blocks: int = 160, report_batches: bool = False
+) -> EngineRun:
+    """Run ``requests`` requests of ``max_tokens`` tokens to completion, batch up to 64; the engine
+    reports its batches (``RequestTracker.batch``, stalls explained) only with ``report_batches``, so the
+    figures without it stay comparable with earlier runs.
 
     160 KV blocks (of 16 tokens) is the stress workload: about a third of the requests are preempted.
     The engine thread's CPU time is reported beside the wall clock because it leaves out the time this
@@ -37,7 +41,12 @@ def one_run(tracker: Any, requests: int, max_tokens: int, num_kv_blocks: int = 1
     from otel_llm.engine import EngineConfig, LLMEngine
 
     engine = LLMEngine(
-        EngineConfig(max_num_seqs=64, num_kv_blocks=num_kv_blocks, max_num_batched_tokens=512),
+        EngineConfig(
+            max_num_seqs=64,
+            num_kv_blocks=num_kv_blocks,
+            max_num_batched_tokens=512,
+            report_batches=report_batches,
+        ),
         tracker=tracker,
     )
     for i in range(requests):
@@ -63,21 +72,22 @@ def run(quick: bool, rounds: int) -> list[Measure]:
     try:
         requests, max_tokens = (8, 4) if quick else (96, 24)
         one_run(None, requests, max_tokens)  # warm-up: first-use costs of torch kernels
-        rates: dict[str, list[float]] = {"without": [], "with": []}
+        rates: dict[str, list[float]] = {"without": [], "with": [], "with batch()": []}
         steps = 0
         for _ in range(rounds):
             for name in rates:
                 tracker = None
-                if name == "with":
+                if name != "without":
                     tracker = RequestTracker(
                         tracer_provider=providers.tracer_provider,
                         meter_provider=providers.meter_provider,
                         model="tiny",
                     )
-                result = one_run(tracker, requests, max_tokens)
+                result = one_run(tracker, requests, max_tokens, report_batches=name == "with batch()")
                 steps = result.steps
                 rates[name].append(steps / result.seconds)
         with_, without = statistics.median(rates["with"]), statistics.median(rates["without"])
+        batches = statistics.median(rates["with batch()"])
         note = (
             f"{requests} requests x {max_tokens} output tokens, batch up to 64, {steps} steps per run, "
             f"{rounds} runs each"
@@ -93,6 +103,15 @@ def run(quick: bool, rounds: int) -> list[Measure]:
                 note=note,
             ),
             Measure("engine", "steps per second lost to the tracker", "fraction", 1 - with_ / without),
+            Measure(
+                "engine",
+                "steps per second with the tracker, the engine reporting its batches (batch())",
+                "steps/s",
+                batches,
+                {"without the tracker": without, "the tracker without batch()": with_},
+                spread=(min(rates["with batch()"]), max(rates["with batch()"])),
+                note="batch() once per step, and each finished request's stalls found",
+            ),
         ]
     finally:
         torch.set_num_threads(threads)

@@ -130,6 +130,83 @@ def rescheduling(quick: bool, rounds: int) -> Measure:
     )
 
 
+PREFILL_CHUNK = 512  # tokens of the prompt chunk that shares every step of the "with prefill" variant
+
+
+def batch_round(tracker: RequestTracker, batch: int, steps: int, report: str | None) -> Round:
+    """One timed round of a steady decode batch: ``tokens()`` every step and, with ``report``, the step's
+    ``batch()`` before it (``"decode"``: every request one token; ``"prefill"``: plus another request's
+    prompt chunk of ``PREFILL_CHUNK`` tokens, a step with chunked prefill). Cost = loop time / (steps x
+    batch), so the batch() variants' excess over None is batch()'s share per request-token."""
+
+    def run() -> tuple[int, int]:
+        tag = next(_round_ids)
+        ids = [f"batch-{tag}-{i}" for i in range(batch)]
+        # The prompt being prefilled in chunks (running, in every step), for the "prefill" variant only:
+        # elsewhere every running request is in the step, as in an engine's plain decode step.
+        everyone = [*ids, f"batch-{tag}-prompt"] if report == "prefill" else ids
+        for rid in everyone:
+            tracker.queued(rid)
+        tracker.scheduled(everyone)
+        tracker.tokens(ids)  # past their first token: decoding
+        composition = dict.fromkeys(ids, 1)
+        if report == "prefill":
+            composition[everyone[-1]] = PREFILL_CHUNK
+        tokens, step_batch = tracker.tokens, tracker.batch
+        start = perf_ns()
+        if report is None:
+            for _ in range(steps):
+                tokens(ids)
+        else:
+            for _ in range(steps):
+                step_batch(composition)
+                tokens(ids)
+        elapsed = perf_ns() - start
+        for rid in everyone:
+            tracker.finished(rid)
+        return elapsed, steps * batch
+
+    return run
+
+
+def batch_reports(quick: bool, rounds: int) -> list[Measure]:
+    """The steady decode loop without batch(), and with it (pure decode steps; steps with a prefill
+    chunk), per request-token."""
+    providers = discarding_providers()
+    out = []
+    try:
+        for batch in (64, 256):
+            steps = (2_000 if quick else 40_000) // batch
+            variants = {}
+            for name, report in (("without", None), ("decode", "decode"), ("prefill", "prefill")):
+                tracker = RequestTracker(
+                    tracer_provider=providers.tracer_provider,
+                    meter_provider=providers.meter_provider,
+                    model="bench-model",
+                )
+                variants[name] = batch_round(tracker, batch, steps, report)
+            t = compare(variants, rounds)
+            out.append(
+                Measure(
+                    "hook",
+                    f"hook cost per request-token, batch {batch}, {STEADY}, without batch()",
+                    "ns",
+                    t["without"].median_ns,
+                    {
+                        "with batch(), decode steps": t["decode"].median_ns,
+                        f"with batch(), a {PREFILL_CHUNK}-token prefill chunk in each step": t[
+                            "prefill"
+                        ].median_ns,
+                    },
+                    spread=(t["without"].low_ns, t["without"].high_ns),
+                    note="batch() is optional (stalls explained); without it tokens() pays one None check",
+                )
+            )
+    finally:
+        providers.shutdown()
+    return out
+
+
 def hooks() -> tuple[dict[str, Callable[[], Any]], Callable[[], None]]:
     """Factories of every variant, and a cleanup for the providers they share."""
     ours = discarding_providers()
@@ -207,4 +284,5 @@ def run(quick: bool, rounds: int) -> list[Measure]:
     finally:
         close()
     out.append(rescheduling(quick, rounds))
+    out += batch_reports(quick, rounds)
     return out

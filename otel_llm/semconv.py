@@ -84,6 +84,20 @@ LLM_STEP_TOKENS = "llm.engine.step.tokens"  # tokens the engine fed its model in
 LLM_STEP_KV_CACHE_USAGE = "llm.engine.kv_cache.usage"  # fraction 0..1 after the step
 LLM_STEPS = "llm.engine.steps"  # engine steps the request ran in (llm.request, detail "steps")
 LLM_STEPS_UNSPANNED = "llm.engine.steps.unspanned"  # of those, steps without a span (past the cap)
+# Stalls (docs/lifecycle.md "Stalls"; only when the engine reports its batches): one llm.stall event per
+# stall, on llm.decode (on llm.request at detail "request"), and the totals by cause on llm.request.
+EVENT_STALL = "llm.stall"
+LLM_STALL_CAUSE = "llm.stall.cause"  # preemption, prefill, recompute, idle, skipped, unknown
+LLM_STALL_DURATION = "llm.stall.duration"  # seconds from the token before to the stalled token
+LLM_STALL_TOKEN = "llm.stall.token"  # the stalled token's number (1: the first)
+LLM_STALL_PREFILL_TOKENS = "llm.stall.prefill_tokens"  # other requests' prefill tokens in the gap's steps
+LLM_STALL_RECOMPUTE_TOKENS = "llm.stall.recompute_tokens"  # other requests' recompute tokens there
+LLM_STALL_DECODE_TOKENS = "llm.stall.decode_tokens"  # decode tokens of those steps (all requests)
+LLM_STALL_STEPS = "llm.stall.steps"  # engine steps that ended inside the gap
+LLM_STALL_REQUESTS = "llm.stall.requests"  # string[]: the other requests with that work, largest first
+LLM_STALL_REQUEST_TOKENS = "llm.stall.request_tokens"  # int[]: their tokens, in the same order
+LLM_STALLS = "llm.stalls"  # on llm.request: its stalls (all of them; events for the longest 16)
+LLM_STALLED_PREFIX = "llm.stalled."  # on llm.request: + cause, the seconds stalled for that cause
 # On otel_llm.sampling.decisions: keep / drop, and the rule that decided.
 LLM_SAMPLING_DECISION = "decision"
 LLM_SAMPLING_REASON = "reason"
@@ -164,6 +178,8 @@ METRIC_ACTIVE = "llm.server.requests.active"
 METRIC_RECOMPUTE_TOKENS = "llm.server.recompute.tokens"
 METRIC_RECOMPUTE_CACHED_TOKENS = "llm.server.recompute.cached_tokens"
 METRIC_KV_TRANSFER = "llm.server.kv_transfer.duration"
+# Histogram, s: per request and cause it stalled for, its seconds stalled (attribute llm.stall.cause).
+METRIC_STALLED = "llm.server.stalled.duration"
 METRIC_KV_TRANSFER_BYTES = "llm.server.kv_transfer.bytes"
 
 # The engine's own state, reported through RequestTracker.engine_state() (once per step or stats interval).

@@ -34,6 +34,8 @@ class SpanRecord:
     attributes: dict[str, Any] = field(default_factory=dict)
     links: list[tuple[str, str]] = field(default_factory=list)  # (trace_id, span_id) of linked spans
     resource: dict[str, Any] = field(default_factory=dict)  # its resource's attributes (shared, not copied)
+    # Its events: (name, epoch ns, attributes).
+    events: list[tuple[str, int, dict[str, Any]]] = field(default_factory=list)
 
     @property
     def duration_s(self) -> float:
@@ -106,6 +108,10 @@ def _record(span: dict[str, Any], resource: dict[str, Any]) -> SpanRecord:
         attributes=_attributes(span.get("attributes", [])),
         links=[(link["traceId"], link["spanId"]) for link in span.get("links", [])],
         resource=resource,
+        events=[
+            (e.get("name", ""), int(e.get("timeUnixNano", 0)), _attributes(e.get("attributes", [])))
+            for e in span.get("events", [])
+        ],
     )
 
 
@@ -151,6 +157,7 @@ def from_readable_spans(spans: Iterable[Any]) -> list[SpanRecord]:
                 attributes=dict(s.attributes or {}),
                 links=[(f"{lk.context.trace_id:032x}", f"{lk.context.span_id:016x}") for lk in s.links],
                 resource=dict(s.resource.attributes) if s.resource is not None else {},
+                events=[(e.name, e.timestamp, dict(e.attributes or {})) for e in s.events],
             )
         )
     return out

@@ -31,6 +31,7 @@ STYLES: dict[str, tuple[str, str]] = {
     sc.SPAN_KV_TRANSFER: ("⇄", "bright_magenta"),
 }
 GAP = ("·", "red")  # the time a prefill or decode phase spent preempted
+STALL = ("╳", "bright_red")  # a stall of the decode phase (llm.stall), other than its own preemption
 OTHER = ("─", "white")  # a span of another name (e.g. llm.engine.step)
 BEFORE = ("‹", "dim")  # a span that ends before the zoomed stretch (--phase / --window)
 AFTER = ("›", "dim")  # a span that starts after it
@@ -48,6 +49,7 @@ LEGEND: tuple[tuple[tuple[str, str], str], ...] = (
     (STYLES[sc.SPAN_INSTANCE_PREFILL], "prefill instance"),
     (STYLES[sc.SPAN_INSTANCE_DECODE], "decode instance"),
     (GAP, "preempted (gap in its phase)"),
+    (STALL, "stalled (llm.stall; the longest one is told below)"),
     (OTHER, "other span"),
     (BEFORE, "ends before the zoomed stretch"),
     (AFTER, "starts after the zoomed stretch"),
@@ -142,7 +144,48 @@ def _cells(span: SpanRecord, trace: RequestTrace, t0: int, t1: int, cols: int) -
                 if child.name == sc.SPAN_PREEMPTED and child.end_ns >= t0 and child.start_ns <= t1:
                     for c in range(col(child.start_ns), col(max(child.start_ns, child.end_ns - 1)) + 1):
                         cells[c] = GAP
+            for start, end, _ in stalls(span):
+                if end >= t0 and start <= t1:
+                    for c in range(col(start), col(max(start, end - 1)) + 1):
+                        cells[c] = STALL
     return cells
+
+
+def stalls(span: SpanRecord) -> list[tuple[int, int, dict[str, object]]]:
+    """(start, end epoch ns, attributes) of the span's ``llm.stall`` events but its own preemptions'
+    (drawn as the gap already)."""
+    out = []
+    for name, at, attrs in span.events:
+        duration = attrs.get(sc.LLM_STALL_DURATION)
+        if name != sc.EVENT_STALL or attrs.get(sc.LLM_STALL_CAUSE) == "preemption":
+            continue
+        if isinstance(duration, (int, float)):
+            out.append((at - int(duration * 1e9), at, attrs))
+    return out
+
+
+def stall_words(attrs: dict[str, object]) -> str:
+    """One ``llm.stall`` event in words: which token waited how long, and for what."""
+    token, cause = attrs.get(sc.LLM_STALL_TOKEN, "?"), attrs.get(sc.LLM_STALL_CAUSE, "unknown")
+    text = f"token {token} waited {fmt_time(attrs.get(sc.LLM_STALL_DURATION))}"
+    steps = attrs.get(sc.LLM_STALL_STEPS)
+    in_steps = f"in the same {steps} steps" if steps != 1 else "in the same step"
+    if cause in ("prefill", "recompute"):
+        names = list(attrs.get(sc.LLM_STALL_REQUESTS) or ())  # type: ignore[call-overload]
+        counts = list(attrs.get(sc.LLM_STALL_REQUEST_TOKENS) or ())  # type: ignore[call-overload]
+        tokens = attrs.get(
+            sc.LLM_STALL_PREFILL_TOKENS if cause == "prefill" else sc.LLM_STALL_RECOMPUTE_TOKENS
+        )
+        verb = "prefilled" if cause == "prefill" else "recomputed"
+        who = f"{len(names)} other request{'s' if len(names) != 1 else ''}"
+        named = ", ".join(f"{rid} {n:,}" for rid, n in zip(names, counts))
+        amount = f"{tokens:,}" if isinstance(tokens, int) else "?"
+        return f"{text}: {who} {verb} {amount} tokens {in_steps} ({named})"
+    return text + {
+        "preemption": ": it was preempted",
+        "idle": ": the engine ran no step for most of it",
+        "skipped": f": the engine ran steps without it ({steps} steps in the gap)",
+    }.get(str(cause), f": nothing in the {steps} steps in the gap explains it")
 
 
 def _merged(cells: list[Segment]) -> Line:
@@ -340,9 +383,41 @@ def numbers(trace: RequestTrace, unwritten: Sequence[tuple[int | None, int]] = (
         facts.insert(at, ("per preemption, tokens recomputed/cached", each))
     if work is not None:  # after the preemptions
         facts.insert(at, ("recomputes", work))
+    stalled = _stalls_text(a)
+    if stalled is not None:  # after the preemptions' figures, before the tokens
+        at = [k for k, _ in facts].index("tokens in/out")
+        facts.insert(at, ("stalls", stalled))
+        longest = _longest_stall(trace)
+        if longest is not None:
+            facts.insert(at + 1, ("longest stall", longest))
     if trace.steps:
         facts.append(("engine steps", str(trace.steps)))
     return [f"{k}: {v}" for k, v in facts]
+
+
+def _longest_stall(trace: RequestTrace) -> str | None:
+    """The request's longest ``llm.stall`` event in words, or None."""
+    events = [attrs for span in trace.spans for name, _, attrs in span.events if name == sc.EVENT_STALL]
+    events += [attrs for name, _, attrs in trace.root.events if name == sc.EVENT_STALL]
+    timed = [e for e in events if isinstance(e.get(sc.LLM_STALL_DURATION), (int, float))]
+    if not timed:
+        return None
+    return stall_words(max(timed, key=lambda e: e[sc.LLM_STALL_DURATION]))  # type: ignore[arg-type,return-value]
+
+
+def _stalls_text(a: dict[str, object]) -> str | None:
+    """``llm.stalls`` with the seconds by cause (``llm.stalled.<cause>``), longest first; None when the
+    engine did not report its batches."""
+    count = a.get(sc.LLM_STALLS)
+    if count is None:
+        return None
+    by_cause = sorted(
+        ((k[len(sc.LLM_STALLED_PREFIX) :], v) for k, v in a.items() if k.startswith(sc.LLM_STALLED_PREFIX)),
+        key=lambda item: -float(item[1]) if isinstance(item[1], (int, float)) else 0.0,
+    )
+    if not by_cause:
+        return str(count)
+    return f"{count} ({', '.join(f'{cause} {fmt_time(v)}' for cause, v in by_cause)})"
 
 
 def _decode_text(trace: RequestTrace, value: object) -> str:

@@ -322,6 +322,7 @@ def metric_kinds() -> dict[str, tuple[str, str]]:
             s.METRIC_PREEMPTED,
             s.METRIC_RECOMPUTE,
             s.METRIC_KV_TRANSFER,
+            s.METRIC_STALLED,
         )
     }
     table[s.METRIC_KV_TRANSFER_BYTES] = ("counter", s.UNIT_BYTES)
@@ -541,6 +542,16 @@ def test_dashboard_charts_what_preemptions_cost_in_work() -> None:
     # The tax: recomputed over all the model's token work, in one expression.
     assert any(recompute | prompt | output <= split_promql(e)[0] for e in promql)
     assert any(f"span.{s.LLM_PREEMPTIONS_RECOMPUTE_TOKENS}" in q for q in traceql)
+
+
+def test_dashboard_charts_stalled_time_by_cause() -> None:
+    """What stalls cost, by cause: the stalled-time histogram, grouped by llm.stall.cause."""
+    promql, _ = dashboard_queries(load_dashboard())
+    series = prometheus_metric_names(semconv.METRIC_STALLED, *metric_kinds()[semconv.METRIC_STALLED])
+    by_cause = [e for e in promql if split_promql(e)[0] & series]
+    assert by_cause, "no panel charts the stalled time"
+    cause = prometheus_label(semconv.LLM_STALL_CAUSE)
+    assert all(cause in split_promql(e)[1] for e in by_cause), by_cause
 
 
 def test_latency_panels_show_exemplars() -> None:

@@ -70,7 +70,8 @@ def test_the_readme_shows_what_the_demo_prints(demo: tuple[Path, str, str]) -> N
     _, printed, _ = demo
     shown, real = readme_demo_sample(), printed.splitlines()
     assert table_rows(shown) == table_rows(real), "the README's summary table has other rows than a run's"
-    for prefix in ("request req-", "TTFT: ", "preemptions: ", "traces: ", "metrics: ", "view a request: "):
+    prefixes = ("request req-", "TTFT: ", "preemptions: ", "stalls by cause: ", "a stall: ", "traces: ")
+    for prefix in (*prefixes, "metrics: ", "view a request: "):
         # The waterfall's figures are wrapped to the width: with other timings (a busy machine) a
         # figure can start a line or follow another one on it, two spaces after it.
         assert any(line.startswith(prefix) or f"  {prefix}" in line for line in shown), prefix

@@ -93,10 +93,11 @@ def run(args: argparse.Namespace) -> int:
 
     from otel_llm.commands.chat import ChatClient, make_chat_workload
     from otel_llm.commands.local_copy import tracker_with_local_copy
-    from otel_llm.commands.summary import summary_table
+    from otel_llm.commands.summary import causes_text, stall_counts, summary_table, telling_stall
     from otel_llm.commands.view import emit, render_lines, terminal_width
     from otel_llm.engine import EngineConfig, LLMEngine, ModelConfig
     from otel_llm.waterfall import from_readable_spans, group_requests, pick_request
+    from otel_llm.waterfall_render import stall_words
 
     if args.device == "cpu":
         import torch
@@ -155,6 +156,10 @@ def run(args: argparse.Namespace) -> int:
     out.print(summary_table(requests, token_ts, engine.num_preemptions, step, elapsed))
     if requests:
         emit(render_lines(pick_request(requests), width=terminal_width()), file=out.file)
+    stall = telling_stall(requests)
+    if stall is not None:  # why one request's token waited, from the steps the engine reported
+        out.print(f"stalls by cause: {causes_text(stall_counts(requests) or {})}")
+        out.print(f"a stall: {stall[0].request_id}, {stall_words(stall[1])}")
     # One bounded step flushes and stops both providers (OTEL_LLM_SHUTDOWN_TIMEOUT, + 1 s at most).
     telemetry.shutdown()
     for line in delivery_lines(telemetry) + [d for d in destinations() if "OTLP" not in d]:

@@ -25,6 +25,51 @@ def inter_token_latencies(token_ts: Mapping[str, Sequence[float]]) -> list[float
     return [b - a for ts in token_ts.values() for a, b in itertools.pairwise(ts)]
 
 
+def stall_events(requests: Sequence[RequestTrace]) -> list[tuple[RequestTrace, dict[str, object]]]:
+    """Every ``llm.stall`` event of the requests, with its request."""
+    return [
+        (trace, attrs)
+        for trace in requests
+        for span in (trace.root, *trace.spans)
+        for name, _, attrs in span.events
+        if name == sc.EVENT_STALL
+    ]
+
+
+def stall_counts(requests: Sequence[RequestTrace]) -> dict[str, int] | None:
+    """Stall events by cause; None when no request carries stall figures (the engine did not report its
+    batches)."""
+    if not any(sc.LLM_STALLS in t.root.attributes for t in requests):
+        return None
+    counts: dict[str, int] = {}
+    for _, attrs in stall_events(requests):
+        cause = str(attrs.get(sc.LLM_STALL_CAUSE))
+        counts[cause] = counts.get(cause, 0) + 1
+    return counts
+
+
+def stall_durations(requests: Sequence[RequestTrace]) -> list[float]:
+    """Seconds of every ``llm.stall`` event of the requests."""
+    found = (a.get(sc.LLM_STALL_DURATION) for _, a in stall_events(requests))
+    return [float(d) for d in found if isinstance(d, (int, float))]
+
+
+def causes_text(counts: dict[str, int]) -> str:
+    """``prefill 10, preemption 5, ...``: stalls by cause, the most common first."""
+    return ", ".join(f"{cause} {n}" for cause, n in sorted(counts.items(), key=lambda item: -item[1]))
+
+
+def telling_stall(requests: Sequence[RequestTrace]) -> tuple[RequestTrace, dict[str, object]] | None:
+    """The stall worth showing: the longest one other requests' prefill or recompute caused, else the
+    longest of any cause; None without stalls."""
+    timed = [
+        (t, a) for t, a in stall_events(requests) if isinstance(a.get(sc.LLM_STALL_DURATION), (int, float))
+    ]
+    shared = [(t, a) for t, a in timed if a.get(sc.LLM_STALL_CAUSE) in ("prefill", "recompute")]
+    pool = shared or timed
+    return max(pool, key=lambda item: float(item[1][sc.LLM_STALL_DURATION])) if pool else None  # type: ignore[arg-type]
+
+
 def summary_table(
     requests: Sequence[RequestTrace],
     token_ts: Mapping[str, Sequence[float]],
@@ -57,6 +102,7 @@ def summary_table(
         ("inter-token latency", inter_token_latencies(token_ts)),
         ("queue", attr(sc.LLM_LATENCY_QUEUE)),
         ("e2e", attr(sc.LLM_LATENCY_E2E)),
+        *((("stalls", stall_durations(requests)),) if stall_counts(requests) is not None else ()),
     ):
         p50, p99 = percentile(values, 50), percentile(values, 99)
         table.add_row(

@@ -96,6 +96,10 @@ _LATENCIES = (
 # Histograms whose values are not seconds.
 _UNITS = {sc.METRIC_STEP_TOKENS: sc.UNIT_TOKEN}
 _ITL_DESCRIPTION = "Inter-token latency: gap between consecutive tokens events"
+_STALLED_DESCRIPTION = (
+    "Per request and stall cause (llm.stall.cause), its seconds stalled between tokens (engines that "
+    "report their batches)"
+)
 
 
 class RequestMetrics:
@@ -184,14 +188,14 @@ class RequestMetrics:
         if kind == "sdk":
             from otel_llm.emit import sdk_bridge
 
-            names = [name for _, name, _, _ in _LATENCIES] + [sc.METRIC_ITL]
+            names = [name for _, name, _, _ in _LATENCIES] + [sc.METRIC_ITL, sc.METRIC_STALLED]
             if sdk_bridge.attach(target):
                 instrument_for = {n for n in names if sdk_bridge.needs_instrument(target, n, _unit(n))}
             else:
                 instrument_for = set(names)
             exemplars = sdk_bridge.exemplar_mode(target)
         elif kind == "api":
-            instrument_for = {name for _, name, _, _ in _LATENCIES} | {sc.METRIC_ITL}
+            instrument_for = {name for _, name, _, _ in _LATENCIES} | {sc.METRIC_ITL, sc.METRIC_STALLED}
         if instrument_for:
             meter = target.get_meter("otel_llm", __version__)
         self._exemplars = exemplars
@@ -215,6 +219,12 @@ class RequestMetrics:
             error: latency
             for error, latency in failed.items()
             if isinstance(latency, Latency) and sc.METRIC_REQUEST_DURATION not in instrument_for
+        }
+        stalled: dict[str, Any] = getattr(self, "_stalled_time", {})
+        self._stalled_time = {
+            cause: latency
+            for cause, latency in stalled.items()
+            if isinstance(latency, Latency) and sc.METRIC_STALLED not in instrument_for
         }
         previous_itl = getattr(self, "itl", None)
         if sc.METRIC_ITL in instrument_for:
@@ -278,7 +288,7 @@ class RequestMetrics:
         self._itl_lock = itl_lock
         for attr, _, _, _ in _LATENCIES:
             getattr(self, attr).renew_lock(itl_lock if attr == "step_tokens" else lock)
-        for latency in self._failed_duration.values():
+        for latency in (*self._failed_duration.values(), *self._stalled_time.values()):
             latency.renew_lock(lock)
         self.itl._lock = itl_lock
 
@@ -322,6 +332,10 @@ class RequestMetrics:
                     self.preempted.add((resumed if resumed is not None else end) - preempted, ref)
                     if resumed is not None and recomputed is not None:
                         self.recompute.add(recomputed - resumed, ref)
+            stalls = rec.stalls
+            if stalls:
+                for cause, _, seconds in stalls[0]:
+                    self._stalled(cause).add(seconds, ref)
             if rec.handed_off:
                 return  # its tokens are counted once, by the decode instance that finishes it
             if rec.prompt_tokens:
@@ -347,6 +361,16 @@ class RequestMetrics:
             attrs = {**self._base, sc.ERROR_TYPE: error_type}
             latency = self._failed_duration[error_type] = self._recorder(
                 name, buckets, desc, attrs, self._lock
+            )
+        return latency
+
+    def _stalled(self, cause: str) -> Latency | InstrumentLatency:
+        """The stalled-time recorder of one llm.stall.cause (caller holds the lock)."""
+        latency = self._stalled_time.get(cause)
+        if latency is None:
+            attrs = {**self._base, sc.LLM_STALL_CAUSE: cause}
+            latency = self._stalled_time[cause] = self._recorder(
+                sc.METRIC_STALLED, sc.BUCKETS_PHASE, _STALLED_DESCRIPTION, attrs, self._lock
             )
         return latency
 

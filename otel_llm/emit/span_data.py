@@ -11,6 +11,7 @@ from typing import Any
 from otel_llm import semconv as sc
 from otel_llm.emit.intervals import Intervals
 from otel_llm.emit.recompute import request_attributes as recompute_attributes
+from otel_llm.emit.stalls import stall_attributes
 from otel_llm.record import MAX_PREEMPTION_SPANS, RequestRecord, start_attributes
 
 __all__ = ["MAX_PREEMPTION_SPANS", "request_events", "root_attributes"]
@@ -59,6 +60,8 @@ def root_attributes(rec: RequestRecord, iv: Intervals, base: dict[str, Any]) -> 
         attrs[sc.LLM_PREEMPTIONS_UNSPANNED_RECOMPUTE] = recompute_s
     if rec.error_type is not None:
         attrs[sc.ERROR_TYPE] = rec.error_type
+    if rec.stalls is not None:
+        attrs.update(stall_attributes(rec))
     attrs.update(iv.span_attributes())
     return attrs
 

@@ -57,6 +57,7 @@ from otel_llm.emit.preset import (
 )
 from otel_llm.emit.recompute import span_attributes as recompute_attributes
 from otel_llm.emit.span_data import request_events
+from otel_llm.emit.stalls import stall_events
 from otel_llm.emit.steps import step_attributes
 from otel_llm.record import (
     DETAIL_PHASES,
@@ -200,6 +201,9 @@ class SpanBuilder:
         add_event = emit.add_event
         for name, attributes, at in request_events(rec):
             add_event(top, name, attributes, ns(at))
+        if self.detail == DETAIL_REQUEST and rec.stalls:  # no llm.decode to put them on
+            for name, attributes, at in stall_events(rec):
+                add_event(root, name, attributes, ns(at))
         if rec.status_message is not None:
             emit.set_status(root, Status(StatusCode.ERROR, rec.status_message))
         if top is not root:
@@ -379,6 +383,9 @@ def _children(emit: Any, ns: Callable[[float], int], root: Any, rec: RequestReco
             _mark(emit, prefill, cut)
         emit.end(prefill, ns(first if first is not None else end))
     if decode is not None:
+        if rec.stalls:
+            for name, attributes, at in stall_events(rec):
+                emit.add_event(decode, name, attributes, ns(at))
         if cut is not None:
             _mark(emit, decode, cut)
         emit.end(decode, ns(end))

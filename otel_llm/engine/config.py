@@ -44,6 +44,8 @@ class EngineConfig:
     printable_only: bool = True  # sample only bytes 32..126, so random weights still print as text
     enable_prefix_caching: bool = True  # reuse the KV blocks of a prefix seen before, as vLLM does
     step_spans: bool = False  # emit one llm.engine.step span per step (off: a span per step costs ~13 us)
+    # Report each step's batch to the tracker (RequestTracker.batch: its requests' stalls explained).
+    report_batches: bool = True
     # Disaggregated serving: "prefill" hands each request off after its first token (take_handoffs()),
     # "decode" continues handed-off requests (add_handoff()), "both" serves whole requests.
     role: str = "both"

@@ -101,6 +101,10 @@ class LLMEngine:
         # scheduled(), the tokens each request found in the prefix cache: its prompt's at the first
         # admission, its context's (prompt + output so far) at one after a preemption.
         self._reports_state = tracker is not None and hasattr(tracker, "engine_state")
+        # ...and, per step, the tokens it computes for each request (batch(): why a request stalled).
+        self._reports_batches = (
+            self.config.report_batches and tracker is not None and hasattr(tracker, "batch")
+        )
         self._prefix_hits_reported = 0
         self._prefix_queries_reported = 0
         self._prompt_tokens_reported = (0, 0, 0)  # computed, cached, transferred
@@ -210,6 +214,10 @@ class LLMEngine:
             self.telemetry.record_step([], 0, 0, len(batch.preempted), 0.0, sched_ts, sched_ts)
             self._report_state(0)
             return []
+        if self._reports_batches:
+            tracker.batch(  # type: ignore[union-attr]
+                {s.request_id: n for s, n in zip(batch.seqs, batch.num_new_tokens)}, ts=sched_ts
+            )
         decode_tokens = sum(1 for s in batch.seqs if not s.is_prefill)
         next_tokens = self.runner.run(batch)
         ts = time.monotonic()

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from otel_llm.hooks.batches import check_scheduled
 from otel_llm.hooks.engine_state import count
 
 
@@ -74,6 +75,11 @@ def batch_off(
 ) -> None:
     """scheduled/preempted of a tracker whose providers are both no-op (``cached_tokens``: scheduled's)."""
     check_ids(request_ids)
+
+
+def batches_off(scheduled: Any, ts: float | None = None) -> None:
+    """batch() of a tracker whose providers are both no-op: the argument checked, nothing kept."""
+    check_scheduled(scheduled)
 
 
 def tokens_off(

@@ -13,7 +13,7 @@ from typing import Any
 from otel_llm import semconv as sc
 from otel_llm.hooks.identity import TraceIdentity, parent_span_context, plain_parent
 from otel_llm.hooks.timeline import FinishedRequest
-from otel_llm.record import RequestRecord, StepRow
+from otel_llm.record import RequestRecord, Stalls, StepRow
 
 _FAILED = sc.FAILED_REASONS
 
@@ -23,9 +23,13 @@ def _new_record(fields: tuple[Any, ...]) -> RequestRecord:
 
 
 def record_of(
-    fin: FinishedRequest, identity: TraceIdentity, steps: tuple[int, tuple[StepRow, ...]] | None = None
+    fin: FinishedRequest,
+    identity: TraceIdentity,
+    steps: tuple[int, tuple[StepRow, ...]] | None = None,
+    stalls: Stalls | None = None,
 ) -> RequestRecord:
-    """The record of ``fin``; ``steps``: the request's steps (detail ``steps``), else None.
+    """The record of ``fin``; ``steps``: the request's steps (detail ``steps``), else None; ``stalls``:
+    its stalls (the engine reports its batches), else None.
 
     On every finished request's path, so built in one step as the record's tuple (fields in
     ``RequestRecord.FIELDS`` order), with the rare parts (a parent, a failure, preemptions) only when
@@ -79,6 +83,7 @@ def record_of(
             tl.kv_done,
             tl.kv_bytes,
             steps,
+            stalls,
         )
     )
 

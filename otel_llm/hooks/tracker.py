@@ -30,6 +30,8 @@ from otel_llm._version import __version__
 from otel_llm.hooks import anomalies as an
 from otel_llm.hooks import attributes as user_attrs
 from otel_llm.hooks import checks
+from otel_llm.hooks import stalls as stall_finder
+from otel_llm.hooks.batches import BatchLog, check_scheduled
 from otel_llm.hooks.checks import check_counts, check_ids
 from otel_llm.hooks.clock import Clock
 from otel_llm.hooks.engine_state import COUNTERS, EngineState, EngineStateHook
@@ -45,6 +47,7 @@ from otel_llm.record import (
     MAX_PREEMPTION_SPANS,
     Figures,
     RecordConsumer,
+    Stalls,
     StepRecorder,
     TrackerInfo,
     start_attributes,
@@ -92,6 +95,9 @@ class Tracker(InFlight, EngineStateHook):
         self.info = TrackerInfo(base, detail, options.role, self.clock.offset_ns)
         # The last engine steps, for llm.engine.step spans (detail "steps" only: one append per step).
         self._step_log: StepLog | None = StepLog() if detail == DETAIL_STEPS else None
+        # What each step computed, per request: made by the first batch() call (an engine that never
+        # calls it pays one None check per tokens() call).
+        self._batch_log: BatchLog | None = None
         self._engine_state = EngineState()
         # Where the hot path adds inter-token gaps and tokens per step: the consumer's recorders, or
         # these buffers until figures(drain=True) takes them (use_recorders).
@@ -106,6 +112,7 @@ class Tracker(InFlight, EngineStateHook):
         hooks record, so they only check their arguments; queued/finished/traceparent still work
         (propagation)."""
         self.scheduled = self.preempted = checks.batch_off  # type: ignore[method-assign]
+        self.batch = checks.batches_off  # type: ignore[method-assign]
         self.tokens = checks.tokens_off  # type: ignore[method-assign]
 
     # --- the hook -------------------------------------------------------------------------------
@@ -189,6 +196,8 @@ class Tracker(InFlight, EngineStateHook):
                 prev.index += 1
                 if self._step_log is not None:
                     self._step_log.add(ts, prev.index, len(request_ids))
+                if self._batch_log is not None:
+                    self._batch_log.ended(ts)
                 if request_ids:
                     self._itl.add(gap, len(request_ids))
                 return
@@ -197,6 +206,8 @@ class Tracker(InFlight, EngineStateHook):
             step = self._prev_step = Step(ts, self._prev_step.index + 1)
             if self._step_log is not None:
                 self._step_log.add(ts, step.index, len(request_ids))
+            if self._batch_log is not None:
+                self._batch_log.ended(ts)
             get = self._inflight.get
             # Requests whose previous token came in the previous step share one gap; only the others are
             # counted, so the common case costs a lookup, an identity check and one write per request.
@@ -228,6 +239,21 @@ class Tracker(InFlight, EngineStateHook):
                 self._batch = request_ids.copy() if request_ids.__class__ is list else request_ids
         if self._anomalies.unlogged:
             self._anomalies.log_pending()
+
+    def batch(self, scheduled: Mapping[Any, int], ts: float | None = None) -> None:
+        """Optional: what this engine step computes, per request (request id -> tokens: a prefill chunk,
+        a recompute, one decode token, or several with speculative decoding), e.g. vLLM's
+        ``SchedulerOutput.num_scheduled_tokens``. Call it once per step, when the step begins (``ts``),
+        after that step's ``scheduled()`` / ``preempted()`` and before its ``tokens()``. With it the
+        tracker explains each request's stalls (docs/lifecycle.md, "Stalls"); the tracker keeps no
+        reference to ``scheduled``."""
+        requests, total = check_scheduled(scheduled)
+        ts = self._timestamp(ts)
+        with self._lock:
+            log = self._batch_log
+            if log is None:
+                log = self._batch_log = BatchLog()
+            log.add(ts, scheduled, requests, total, self._states[RUNNING], self._inflight.get)
 
     def preempted(self, request_ids: Sequence[Any], ts: float | None = None) -> None:
         """The KV cache of these running requests was evicted (P_k); they wait to be recomputed."""
@@ -377,16 +403,29 @@ class Tracker(InFlight, EngineStateHook):
 
     # --- handing finished requests on -----------------------------------------------------------------
 
+    def _stalls(self, fin: FinishedRequest, batches: BatchLog) -> Stalls:
+        """The request's stalls, from a copy of the batch log's steps between its first and last token
+        (taken under the lock; the engine thread appends while requests finish elsewhere)."""
+        first, last = fin.timeline.first_token, fin.last_token
+        if first is None or last is None:
+            return (), ()
+        with self._lock:
+            steps, ends, partial = batches.between(first, last)
+            log_start = batches.oldest_start()
+        return stall_finder.find(fin, steps, ends, partial, log_start)
+
     def _finish(self, fin: FinishedRequest) -> None:
         """The finished request's record, to the consumer; never raises into the engine."""
         try:
-            steps = None
-            log = self._step_log
+            steps = stalls = None
+            log, batches = self._step_log, self._batch_log
             if log is not None:
                 with self._lock:
                     recent = log.since(fin.timeline.first_scheduled)
                 steps = rows(fin, recent)
-            record = record_of(fin, self.identity, steps)
+            if batches is not None:
+                stalls = self._stalls(fin, batches)
+            record = record_of(fin, self.identity, steps, stalls)
         except Exception:
             self._note(an.FINISH_FAILED, fin.timeline.request_id)
             _log.debug("otel_llm: the record of request %r failed", fin.timeline.request_id, exc_info=True)

@@ -29,7 +29,7 @@ from otel_llm import semconv as sc
 
 # The version of the record layout (``RequestRecord``, ``TrackerInfo``, ``Figures`` and their wire form).
 # A reader refuses a stream of another version rather than misread it.
-VERSION = 1
+VERSION = 2
 
 # Trace detail levels (which spans a request gets): the hook side records steps only for ``steps``.
 DETAIL_REQUEST = "request"
@@ -43,6 +43,8 @@ DETAILS = (DETAIL_REQUEST, DETAIL_PHASES, DETAIL_STEPS)
 MAX_PREEMPTION_SPANS = 32
 # Engine steps drawn as llm.engine.step spans per request (detail ``steps``): the longest ones.
 MAX_STEP_SPANS = 16
+# Stalls kept as rows (events) per request: the longest; the totals by cause count every one.
+MAX_STALL_ROWS = 16
 
 # The sampler decisions a record can carry, as the SDK's ``Decision`` numbers them.
 DROP, RECORD_ONLY, RECORD_AND_SAMPLE = 0, 1, 2
@@ -61,6 +63,14 @@ Preemption = tuple[float, int, "float | None", "float | None", "float | None", "
 # Step tuple fields (``RequestRecord.steps``): span start, tokens event (ts), index of the tracker's
 # tokens() call, batch size, tokens fed to the model (or None), KV-cache usage (or None).
 StepRow = tuple[float, float, int, int, "int | None", "float | None"]
+# Stall tuple fields (``RequestRecord.stalls`` rows, docs/lifecycle.md "Stalls"): gap start (the token
+# before), gap end (the stalled token), cause, the stalled token's number (1 = the first), other requests'
+# prefill and recompute tokens and the decode tokens in the steps that ended inside the gap, those steps,
+# and the other requests with prefill or recompute work there as (request id, tokens), largest first.
+StallRow = tuple[float, float, str, int, int, int, int, int, "tuple[tuple[str, int], ...]"]
+# ``RequestRecord.stalls``: ((cause, stalls, seconds), ...) over every stall, and the longest
+# ``MAX_STALL_ROWS`` rows in time order.
+Stalls = tuple["tuple[tuple[str, int, float], ...]", "tuple[StallRow, ...]"]
 # A parent span: trace id, span id, trace flags, whether it is remote, trace state as (key, value) pairs.
 Parent = tuple[int, int, int, bool, "tuple[tuple[str, str], ...]"]
 # A sampler's decision taken on the hook side: decision (DROP / RECORD_ONLY / RECORD_AND_SAMPLE), the
@@ -106,7 +116,8 @@ class RequestRecord(tuple):  # type: ignore[type-arg]
     Counts: ``prompt_tokens``, ``output_tokens``, ``cached_tokens`` (prompt tokens found in the prefix
     cache at S1), ``kv_bytes``. ``preemptions``: one ``Preemption`` tuple per preemption, in order.
     ``steps``: for the ``steps`` detail level, ``(steps the request ran in, (StepRow, ...))`` with at most
-    the longest 16 rows, else None.
+    the longest 16 rows, else None. ``stalls``: when the engine reports its batches (``batch()``), the
+    request's stalls (``Stalls``; empty tuples for none), else None.
 
     Outcome: ``reason`` (finish reason), ``error_type`` / ``status_message`` (set for failed reasons:
     the exception's class and its ``Type: message`` text, or the reason itself), ``handed_off`` (the
@@ -149,6 +160,7 @@ class RequestRecord(tuple):  # type: ignore[type-arg]
         "kv_done",
         "kv_bytes",
         "steps",
+        "stalls",
     )
 
     def __new__(cls, *fields: Any) -> RequestRecord:
@@ -187,6 +199,7 @@ class RequestRecord(tuple):  # type: ignore[type-arg]
     kv_done: float | None
     kv_bytes: int | None
     steps: tuple[int, tuple[StepRow, ...]] | None
+    stalls: Stalls | None
 
 
 for _index, _name in enumerate(RequestRecord.FIELDS):

@@ -1,0 +1,176 @@
+"""What each engine step computed, per request: the optional ``batch()`` hook's log.
+
+An engine that calls ``RequestTracker.batch(scheduled)`` once per step (vLLM's
+``SchedulerOutput.num_scheduled_tokens``: request id -> tokens the step computes for it) lets the tracker
+say why a request's tokens stalled (``otel_llm.hooks.stalls``). Each call becomes one ``BatchStep`` in a
+bounded log; the next ``tokens()`` call sets its end. An engine that never calls it pays one ``None`` check
+per ``tokens()`` call and nothing else.
+
+Kinds of work, decided here from the request's own timeline (the tracker knows its phase; the engine
+only counts tokens): ``prefill`` (its prompt, before the first token), ``recompute`` (after a
+rescheduling, until the token that follows it), ``decode`` (one token of a request past its first) and
+``spec`` (more than one: speculative decoding). A step in which every request computes one token (a pure
+decode batch, the common case) is told apart with two C-level passes over the counts and nothing per
+request; other steps look up only the requests with more than one token.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections.abc import Mapping
+from typing import Any
+
+from otel_llm.hooks.timeline import Timeline
+
+BATCH_LOG_SIZE = 4096  # engine steps remembered (up to twice as many): about 150 bytes each
+# A step's heavy entries (prefill and recompute) kept by request: the largest, by tokens.
+MAX_HEAVY = 8
+
+PREFILL, RECOMPUTE, DECODE, SPEC = "prefill", "recompute", "decode", "spec"
+
+
+class BatchStep:
+    """One ``batch()`` call: when the step began and ended (monotonic seconds; ``end`` None until the next
+    ``tokens()``), the tokens it computed by kind, the requests with prefill or recompute work
+    (``heavy``: (request id, tokens, kind), largest first, at most ``MAX_HEAVY``), and which requests it
+    held when it did not hold every running one (``members``; None: every running request)."""
+
+    __slots__ = ("decode", "end", "heavy", "members", "prefill", "recompute", "requests", "spec", "start")
+
+    def __init__(self, start: float, requests: int) -> None:
+        self.start = start
+        self.end: float | None = None
+        self.requests = requests
+        self.prefill = self.recompute = self.spec = 0
+        self.decode = requests  # one token each until told otherwise
+        self.heavy: tuple[tuple[Any, int, str], ...] = ()
+        self.members: frozenset[Any] | None = None
+
+    def holds(self, request_id: Any) -> bool:
+        members = self.members
+        return members is None or request_id in members
+
+
+def kind_of(tl: Timeline | None, n: int) -> str:
+    """The kind of ``n`` (> 1) tokens a step computed for the request of ``tl``."""
+    if tl is None:
+        return PREFILL
+    preemptions = tl.preemptions
+    if preemptions and preemptions[-1].recomputed is None and preemptions[-1].rescheduled is not None:
+        return RECOMPUTE
+    if tl.first_token is None:
+        return PREFILL
+    return SPEC
+
+
+def check_scheduled(scheduled: Any) -> tuple[int, int]:
+    """(requests, tokens) of one ``batch()`` argument, or TypeError saying what to pass.
+
+    Ints (numpy's too) pass with one C-level pass, ``sum``; anything else is named. Negative counts are
+    refused where the step is told apart (``BatchLog.add``): a pure decode step sums to its size."""
+    if not isinstance(scheduled, Mapping):
+        raise TypeError(
+            "batch() takes a mapping of request id -> tokens the step computes for it "
+            f"(vLLM's SchedulerOutput.num_scheduled_tokens), got {type(scheduled).__name__}"
+        )
+    values = scheduled.values()
+    try:
+        total = sum(values)
+    except TypeError:
+        total = None
+    if total.__class__ is not int:
+        if total is None or isinstance(total, float) or not hasattr(total, "__index__"):
+            odd = (v for v in values if isinstance(v, (bool, float)) or not hasattr(v, "__index__"))
+            bad = next(odd, total)
+            raise TypeError(f"batch() token counts must be ints, got {bad!r}")
+        total = int(total)
+    return len(scheduled), total
+
+
+class BatchLog:
+    """The last ``size`` steps (at least; up to twice as many are kept between trims), in time order, as
+    parallel lists: the ``BatchStep`` objects and their ends (``math.inf`` until ended), so that a finished
+    request's steps are found by bisection and copied as slices (C-level work, no per-step Python loop).
+    Every method: caller holds the tracker's lock."""
+
+    def __init__(self, size: int = BATCH_LOG_SIZE) -> None:
+        self.size = size
+        self.steps: list[BatchStep] = []
+        self.ends: list[float] = []
+        self.partials: list[BatchStep] = []  # the logged steps that left a running request out (rare)
+
+    def add(
+        self,
+        ts: float,
+        scheduled: Mapping[Any, int],
+        requests: int,
+        total: int,
+        running: int,
+        get: Any,
+    ) -> None:
+        """One step's composition; ``running``: requests the tracker has running, ``get``: its
+        registry's lookup (request id -> Timeline or None)."""
+        step = BatchStep(ts, requests)
+        if total != requests:  # not every request computes one token: look at those that do not
+            self._classify(step, scheduled, get)
+        if requests < running:  # some running request sat this step out: say which ones it held
+            step.members = frozenset(scheduled)
+            self.partials.append(step)
+        steps, ends = self.steps, self.ends
+        if steps and steps[-1].end is None:  # a step with no tokens() call (prefill chunks only)
+            steps[-1].end = ends[-1] = max(ts, steps[-1].start)
+        steps.append(step)
+        ends.append(math.inf)
+        if len(steps) > 2 * self.size:  # trim in one go: amortised, a slice deletion per ``size`` steps
+            del steps[: -self.size]
+            del ends[: -self.size]
+            oldest = steps[0].start
+            self.partials = [p for p in self.partials if p.start >= oldest]
+
+    @staticmethod
+    def _classify(step: BatchStep, scheduled: Mapping[Any, int], get: Any) -> None:
+        """Tokens by kind, and the heavy entries; raises ValueError (storing nothing) on a negative
+        count."""
+        others = [(rid, n) for rid, n in scheduled.items() if n != 1]  # a comprehension: the fast loop
+        prefill = recompute = spec = 0
+        heavy: list[tuple[Any, int, str]] = []
+        for rid, n in others:
+            if n > 1:
+                kind = kind_of(get(rid), n)
+                if kind == SPEC:
+                    spec += n
+                    continue
+                heavy.append((rid, n, kind))
+                if kind == PREFILL:
+                    prefill += n
+                else:
+                    recompute += n
+            elif n < 0:
+                raise ValueError(f"batch() token counts must be >= 0, got {n!r} for {rid!r}")
+        heavy.sort(key=lambda entry: entry[1], reverse=True)
+        step.decode = step.requests - len(others)
+        step.prefill, step.recompute, step.spec = prefill, recompute, spec
+        step.heavy = tuple(heavy[:MAX_HEAVY])
+
+    def ended(self, ts: float) -> None:
+        """A ``tokens()`` call at ``ts``: the latest step that has no end yet ends there."""
+        steps = self.steps
+        if steps:
+            latest = steps[-1]
+            if latest.end is None:
+                latest.end = ts
+                self.ends[-1] = ts
+
+    def between(self, start: float, end: float) -> tuple[list[BatchStep], list[float], list[BatchStep]]:
+        """Copies of the steps that ended after ``start`` and by ``end`` (monotonic seconds), of their
+        ends, and of those of them that left a running request out, in time order: two bisections and
+        slices (the partial steps are few)."""
+        ends = self.ends
+        lo, hi = bisect_right(ends, start), bisect_right(ends, end)
+        partial = [p for p in self.partials if p.end is not None and start < p.end <= end]
+        return self.steps[lo:hi], ends[lo:hi], partial
+
+    def oldest_start(self) -> float | None:
+        """When the oldest logged step began (None: nothing logged)."""
+        return self.steps[0].start if self.steps else None
