@@ -233,3 +233,31 @@ def test_the_log_is_bounded_and_what_it_forgot_is_no_stall(harness):
     t.finished("r2", ts=end)
     causes = [e.attributes[sc.LLM_STALL_CAUSE] for e in stall_events(harness.trace("r1", T0))]
     assert causes == ["prefill"]
+
+
+def test_view_why_tells_the_stalls_from_the_files(tmp_path, capsys):
+    """``otel-llm view FILE --why r1``: the totals, then each stall in words; r2 has none; a request of an
+    engine that never called batch() says so."""
+    from view_files import tracker_file
+
+    from otel_llm.cli import main
+
+    path = tracker_file(tmp_path / "run", prefill_story)
+    assert main(["view", str(path), "--why", "r1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "request r1: 1 stall (prefill 120 ms)"
+    assert out[1] == (
+        "  token 12 waited 120 ms: 1 other request prefilled 2,048 tokens in the same step (r2 2,048)"
+    )
+    assert main(["view", str(path), "--why", "r2"]) == 0
+    assert capsys.readouterr().out.startswith("request r2: no stalls")
+
+    def no_batches(t):
+        t.queued("q", ts=T0)
+        t.scheduled(["q"], ts=T0)
+        t.tokens(["q"], ts=T0 + 0.01)
+        t.finished("q", ts=T0 + 0.02)
+
+    bare = tracker_file(tmp_path / "bare", no_batches)
+    assert main(["view", str(bare), "--why", "q"]) == 0
+    assert "no stall figures; the engine did not report its batches" in capsys.readouterr().out

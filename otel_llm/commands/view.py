@@ -25,6 +25,7 @@ from otel_llm.waterfall_render import (
     fmt_duration,
     fmt_time,
     render_lines,
+    stall_words,
     terminal_width,
 )
 
@@ -56,6 +57,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--list",
         action="store_true",
         help="list the requests instead (id, TTFT, e2e, preemptions, finish, trace id), in start order",
+    )
+    which.add_argument(
+        "--why",
+        metavar="ID",
+        help="the stalls of request ID in words instead of its waterfall: which token waited how long, "
+        "and what the engine's steps did meanwhile (engines that report their batches)",
     )
     which.add_argument(
         "--runs",
@@ -108,15 +115,19 @@ def run(args: argparse.Namespace) -> int:
         if args.list:
             print("\n".join(list_lines(requests)))
             return 0
-        trace = pick_request(requests, request_id=args.request, slowest=args.slowest, trace_id=args.trace_id)
+        asked = args.why if args.why is not None else args.request
+        trace = pick_request(requests, request_id=asked, slowest=args.slowest, trace_id=args.trace_id)
         repeated = sum(1 for t in requests if t.request_id == trace.request_id)
-        if args.request is not None and repeated > 1:
+        if asked is not None and repeated > 1:
             # Files appended to by several runs that set no service.instance.id: the ids repeat.
             print(
                 f"otel-llm view: request {trace.request_id} appears {repeated} times here; showing the "
                 "latest (--list shows their trace ids, --trace-id HEX picks one)",
                 file=sys.stderr,
             )
+        if args.why is not None:
+            print("\n".join(why_lines(trace)))
+            return 0
         window = zoom_window(trace, args.phase, args.window)
     except BrokenPipeError:
         raise  # the reader of the output left, not a problem with the files (otel_llm.cli says nothing)
@@ -129,6 +140,38 @@ def run(args: argparse.Namespace) -> int:
         return 2
     emit(render_lines(trace, width, window))
     return 0
+
+
+def why_lines(trace: RequestTrace) -> list[str]:
+    """``--why``: the request's stalls in words, in time order, under one line of totals by cause."""
+    rid = trace.request_id
+    count = trace.root.attributes.get(sc.LLM_STALLS)
+    if count is None:
+        return [
+            f"request {rid}: no stall figures; the engine did not report its batches "
+            "(RequestTracker.batch, docs/hooks.md)"
+        ]
+    if not count:
+        return [f"request {rid}: no stalls (no gap between its tokens of 3 typical gaps and 2 ms or more)"]
+    prefix = sc.LLM_STALLED_PREFIX
+    by_cause = [(k[len(prefix) :], v) for k, v in trace.root.attributes.items() if k.startswith(prefix)]
+    causes = ", ".join(
+        f"{cause} {fmt_time(v)}" for cause, v in sorted(by_cause, key=lambda kv: -float(kv[1]))
+    )
+    events = sorted(
+        (
+            (at, attrs)
+            for span in (trace.root, *trace.spans)
+            for name, at, attrs in span.events
+            if name == sc.EVENT_STALL
+        ),
+        key=lambda item: item[0],
+    )
+    lines = [f"request {rid}: {count} stall{'s' if count != 1 else ''} ({causes})"]
+    lines += [f"  {stall_words(attrs)}" for _, attrs in events]
+    if len(events) < int(count):
+        lines.append(f"  ({int(count) - len(events)} shorter ones are counted above, not listed: 16 at most)")
+    return lines
 
 
 def pick_run(runs: Sequence[Run], number: int | None) -> Run:
