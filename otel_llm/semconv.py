@@ -87,7 +87,13 @@ LLM_STEPS_UNSPANNED = "llm.engine.steps.unspanned"  # of those, steps without a 
 # Stalls (docs/lifecycle.md "Stalls"; only when the engine reports its batches): one llm.stall event per
 # stall, on llm.decode (on llm.request at detail "request"), and the totals by cause on llm.request.
 EVENT_STALL = "llm.stall"
-LLM_STALL_CAUSE = "llm.stall.cause"  # preemption, prefill, recompute, idle, skipped, unknown
+LLM_STALL_CAUSE = "llm.stall.cause"  # one of the STALL_* values below
+STALL_PREEMPTION = "preemption"  # its own preemption: the gap from the token before P_k to T_k
+STALL_PREFILL = "prefill"  # other requests' prompt tokens in the gap's steps
+STALL_RECOMPUTE = "recompute"  # other requests' recomputed tokens there
+STALL_IDLE = "idle"  # the engine ran no step for most of the gap
+STALL_SKIPPED = "skipped"  # the engine ran steps without the request
+STALL_UNKNOWN = "unknown"  # a slow step with nothing in it to blame
 LLM_STALL_DURATION = "llm.stall.duration"  # seconds from the token before to the stalled token
 LLM_STALL_TOKEN = "llm.stall.token"  # the stalled token's number (1: the first)
 LLM_STALL_PREFILL_TOKENS = "llm.stall.prefill_tokens"  # other requests' prefill tokens in the gap's steps

@@ -77,6 +77,13 @@ class RequestTrace:
     def children(self, parent: SpanRecord) -> list[SpanRecord]:
         return [s for s in self.spans if s.parent_id == parent.span_id]
 
+    def events(self, name: str) -> list[tuple[int, dict[str, Any]]]:
+        """(epoch ns, attributes) of every event called ``name`` on the root or below it, in time order."""
+        found = [
+            (at, attrs) for span in (self.root, *self.spans) for n, at, attrs in span.events if n == name
+        ]
+        return sorted(found, key=lambda event: event[0])
+
 
 def _value(v: dict[str, Any]) -> Any:
     """An OTLP JSON AnyValue as a Python value (intValue arrives as a string, per the JSON mapping)."""

@@ -157,7 +157,7 @@ def stalls(span: SpanRecord) -> list[tuple[int, int, dict[str, object]]]:
     out = []
     for name, at, attrs in span.events:
         duration = attrs.get(sc.LLM_STALL_DURATION)
-        if name != sc.EVENT_STALL or attrs.get(sc.LLM_STALL_CAUSE) == "preemption":
+        if name != sc.EVENT_STALL or attrs.get(sc.LLM_STALL_CAUSE) == sc.STALL_PREEMPTION:
             continue
         if isinstance(duration, (int, float)):
             out.append((at - int(duration * 1e9), at, attrs))
@@ -170,21 +170,21 @@ def stall_words(attrs: dict[str, object]) -> str:
     text = f"token {token} waited {fmt_time(attrs.get(sc.LLM_STALL_DURATION))}"
     steps = attrs.get(sc.LLM_STALL_STEPS)
     in_steps = f"in the same {steps} steps" if steps != 1 else "in the same step"
-    if cause in ("prefill", "recompute"):
+    if cause in (sc.STALL_PREFILL, sc.STALL_RECOMPUTE):
         names = list(attrs.get(sc.LLM_STALL_REQUESTS) or ())  # type: ignore[call-overload]
         counts = list(attrs.get(sc.LLM_STALL_REQUEST_TOKENS) or ())  # type: ignore[call-overload]
         tokens = attrs.get(
-            sc.LLM_STALL_PREFILL_TOKENS if cause == "prefill" else sc.LLM_STALL_RECOMPUTE_TOKENS
+            sc.LLM_STALL_PREFILL_TOKENS if cause == sc.STALL_PREFILL else sc.LLM_STALL_RECOMPUTE_TOKENS
         )
-        verb = "prefilled" if cause == "prefill" else "recomputed"
+        verb = "prefilled" if cause == sc.STALL_PREFILL else "recomputed"
         who = f"{len(names)} other request{'s' if len(names) != 1 else ''}"
         named = ", ".join(f"{rid} {n:,}" for rid, n in zip(names, counts))
         amount = f"{tokens:,}" if isinstance(tokens, int) else "?"
         return f"{text}: {who} {verb} {amount} tokens {in_steps} ({named})"
     return text + {
-        "preemption": ": it was preempted",
-        "idle": ": the engine ran no step for most of it",
-        "skipped": f": the engine ran steps without it ({steps} steps in the gap)",
+        sc.STALL_PREEMPTION: ": it was preempted",
+        sc.STALL_IDLE: ": the engine ran no step for most of it",
+        sc.STALL_SKIPPED: f": the engine ran steps without it ({steps} steps in the gap)",
     }.get(str(cause), f": nothing in the {steps} steps in the gap explains it")
 
 
@@ -397,27 +397,30 @@ def numbers(trace: RequestTrace, unwritten: Sequence[tuple[int | None, int]] = (
 
 def _longest_stall(trace: RequestTrace) -> str | None:
     """The request's longest ``llm.stall`` event in words, or None."""
-    events = [attrs for span in trace.spans for name, _, attrs in span.events if name == sc.EVENT_STALL]
-    events += [attrs for name, _, attrs in trace.root.events if name == sc.EVENT_STALL]
-    timed = [e for e in events if isinstance(e.get(sc.LLM_STALL_DURATION), (int, float))]
+    timed = [
+        e for _, e in trace.events(sc.EVENT_STALL) if isinstance(e.get(sc.LLM_STALL_DURATION), (int, float))
+    ]
     if not timed:
         return None
     return stall_words(max(timed, key=lambda e: e[sc.LLM_STALL_DURATION]))  # type: ignore[arg-type,return-value]
 
 
+def stalled_by_cause(a: dict[str, object]) -> str:
+    """``prefill 120 ms, preemption 18 ms``: the request's seconds stalled by cause (``llm.stalled.<cause>``
+    on ``llm.request``), the longest first; empty when it has none."""
+    prefix = sc.LLM_STALLED_PREFIX
+    by_cause = [(k[len(prefix) :], v) for k, v in a.items() if k.startswith(prefix)]
+    by_cause.sort(key=lambda item: -float(item[1]) if isinstance(item[1], (int, float)) else 0.0)
+    return ", ".join(f"{cause} {fmt_time(v)}" for cause, v in by_cause)
+
+
 def _stalls_text(a: dict[str, object]) -> str | None:
-    """``llm.stalls`` with the seconds by cause (``llm.stalled.<cause>``), longest first; None when the
-    engine did not report its batches."""
+    """``llm.stalls`` with the seconds by cause; None when the engine did not report its batches."""
     count = a.get(sc.LLM_STALLS)
     if count is None:
         return None
-    by_cause = sorted(
-        ((k[len(sc.LLM_STALLED_PREFIX) :], v) for k, v in a.items() if k.startswith(sc.LLM_STALLED_PREFIX)),
-        key=lambda item: -float(item[1]) if isinstance(item[1], (int, float)) else 0.0,
-    )
-    if not by_cause:
-        return str(count)
-    return f"{count} ({', '.join(f'{cause} {fmt_time(v)}' for cause, v in by_cause)})"
+    causes = stalled_by_cause(a)
+    return f"{count} ({causes})" if causes else str(count)
 
 
 def _decode_text(trace: RequestTrace, value: object) -> str:

@@ -80,6 +80,28 @@ def test_a_long_prefill_in_the_batch_is_named(harness):
     m = harness.metrics()
     (p,) = [p for p in m[sc.METRIC_STALLED] if p.attributes.get(sc.LLM_STALL_CAUSE) == "prefill"]
     assert p.count == 1 and p.sum == pytest.approx(0.120)
+    # Its exemplar points at the stalled request's span.
+    assert {e.trace_id for e in p.exemplars} == {tr.root.context.trace_id}
+
+
+@pytest.mark.parametrize("detail", ["request", "steps"])
+def test_every_detail_level_carries_the_stall(export_mode, detail):
+    """At detail ``request`` (no llm.decode) the events go on llm.request; at ``steps`` on llm.decode."""
+    from export_harness import ExportHarness
+    from harness import Harness
+
+    harness = (ExportHarness if export_mode == "process" else Harness)(trace_detail=detail)
+    try:
+        prefill_story(harness.tracker)
+        tr = harness.trace("r1", T0)
+        carrier = tr.root if detail == "request" else tr.child(tr.root, sc.SPAN_DECODE)
+        (event,) = [e for e in carrier.events if e.name == sc.EVENT_STALL]
+        assert event.attributes[sc.LLM_STALL_CAUSE] == "prefill"
+        assert tr.root.attributes[sc.LLM_STALLS] == 1
+        others = [e for s in tr.spans if s is not carrier for e in s.events if e.name == sc.EVENT_STALL]
+        assert others == []
+    finally:
+        harness.close()
 
 
 def test_the_viewer_marks_and_tells_the_stall(harness):

@@ -27,13 +27,7 @@ def inter_token_latencies(token_ts: Mapping[str, Sequence[float]]) -> list[float
 
 def stall_events(requests: Sequence[RequestTrace]) -> list[tuple[RequestTrace, dict[str, object]]]:
     """Every ``llm.stall`` event of the requests, with its request."""
-    return [
-        (trace, attrs)
-        for trace in requests
-        for span in (trace.root, *trace.spans)
-        for name, _, attrs in span.events
-        if name == sc.EVENT_STALL
-    ]
+    return [(trace, attrs) for trace in requests for _, attrs in trace.events(sc.EVENT_STALL)]
 
 
 def stall_counts(requests: Sequence[RequestTrace]) -> dict[str, int] | None:
@@ -65,7 +59,7 @@ def telling_stall(requests: Sequence[RequestTrace]) -> tuple[RequestTrace, dict[
     timed = [
         (t, a) for t, a in stall_events(requests) if isinstance(a.get(sc.LLM_STALL_DURATION), (int, float))
     ]
-    shared = [(t, a) for t, a in timed if a.get(sc.LLM_STALL_CAUSE) in ("prefill", "recompute")]
+    shared = [(t, a) for t, a in timed if a.get(sc.LLM_STALL_CAUSE) in (sc.STALL_PREFILL, sc.STALL_RECOMPUTE)]
     pool = shared or timed
     return max(pool, key=lambda item: float(item[1][sc.LLM_STALL_DURATION])) if pool else None  # type: ignore[arg-type]
 

@@ -26,6 +26,7 @@ from otel_llm.waterfall_render import (
     fmt_time,
     render_lines,
     stall_words,
+    stalled_by_cause,
     terminal_width,
 )
 
@@ -153,21 +154,10 @@ def why_lines(trace: RequestTrace) -> list[str]:
         ]
     if not count:
         return [f"request {rid}: no stalls (no gap between its tokens of 3 typical gaps and 2 ms or more)"]
-    prefix = sc.LLM_STALLED_PREFIX
-    by_cause = [(k[len(prefix) :], v) for k, v in trace.root.attributes.items() if k.startswith(prefix)]
-    causes = ", ".join(
-        f"{cause} {fmt_time(v)}" for cause, v in sorted(by_cause, key=lambda kv: -float(kv[1]))
-    )
-    events = sorted(
-        (
-            (at, attrs)
-            for span in (trace.root, *trace.spans)
-            for name, at, attrs in span.events
-            if name == sc.EVENT_STALL
-        ),
-        key=lambda item: item[0],
-    )
-    lines = [f"request {rid}: {count} stall{'s' if count != 1 else ''} ({causes})"]
+    events = trace.events(sc.EVENT_STALL)
+    lines = [
+        f"request {rid}: {count} stall{'s' if count != 1 else ''} ({stalled_by_cause(trace.root.attributes)})"
+    ]
     lines += [f"  {stall_words(attrs)}" for _, attrs in events]
     if len(events) < int(count):
         lines.append(f"  ({int(count) - len(events)} shorter ones are counted above, not listed: 16 at most)")

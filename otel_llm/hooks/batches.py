@@ -52,8 +52,8 @@ class BatchStep:
         return members is None or request_id in members
 
 
-def kind_of(tl: Timeline | None, n: int) -> str:
-    """The kind of ``n`` (> 1) tokens a step computed for the request of ``tl``."""
+def kind_of(tl: Timeline | None) -> str:
+    """The kind of the tokens (more than one) a step computed for the request of ``tl``."""
     if tl is None:
         return PREFILL
     preemptions = tl.preemptions
@@ -137,7 +137,7 @@ class BatchLog:
         heavy: list[tuple[Any, int, str]] = []
         for rid, n in others:
             if n > 1:
-                kind = kind_of(get(rid), n)
+                kind = kind_of(get(rid))
                 if kind == SPEC:
                     spec += n
                     continue

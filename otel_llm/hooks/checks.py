@@ -77,8 +77,9 @@ def batch_off(
     check_ids(request_ids)
 
 
-def batches_off(scheduled: Any, ts: float | None = None) -> None:
-    """batch() of a tracker whose providers are both no-op: the argument checked, nothing kept."""
+def batch_composition_off(scheduled: Any, ts: float | None = None) -> None:
+    """batch() (a step's composition) of a tracker whose providers are both no-op: the argument
+    checked, nothing kept. Not ``batch_off``, which stands in for the batch hooks scheduled/preempted."""
     check_scheduled(scheduled)
 
 

@@ -25,6 +25,7 @@ from itertools import chain, compress
 from operator import sub
 from typing import Any
 
+from otel_llm import semconv as sc
 from otel_llm.hooks.batches import PREFILL, BatchStep
 from otel_llm.hooks.timeline import FinishedRequest
 from otel_llm.record import MAX_STALL_ROWS, StallRow, Stalls
@@ -33,13 +34,8 @@ STALL_RATIO = 3.0  # a stall is at least this many typical gaps...
 STALL_FLOOR_S = 0.002  # ...and at least this long (seconds): sub-millisecond jitter is no stall
 MAX_NAMED = 3  # requests named per stall, the largest by tokens first
 
-CAUSE_PREEMPTION = "preemption"
-CAUSE_PREFILL = "prefill"
-CAUSE_RECOMPUTE = "recompute"
-CAUSE_IDLE = "idle"
-CAUSE_SKIPPED = "skipped"
-CAUSE_UNKNOWN = "unknown"
-CAUSES = (CAUSE_PREEMPTION, CAUSE_PREFILL, CAUSE_RECOMPUTE, CAUSE_IDLE, CAUSE_SKIPPED, CAUSE_UNKNOWN)
+CAUSE_PREEMPTION, CAUSE_PREFILL, CAUSE_RECOMPUTE = sc.STALL_PREEMPTION, sc.STALL_PREFILL, sc.STALL_RECOMPUTE
+CAUSE_IDLE, CAUSE_SKIPPED, CAUSE_UNKNOWN = sc.STALL_IDLE, sc.STALL_SKIPPED, sc.STALL_UNKNOWN
 
 
 def _windows(fin: FinishedRequest) -> Iterator[tuple[float, float, int, bool]]:
@@ -119,7 +115,7 @@ def find(
             row: StallRow = (t0, t1, CAUSE_PREEMPTION, number, 0, 0, 0, 0, ())
         else:
             inside = steps[bisect_right(ends, t0) : bisect_right(ends, t1)]
-            row = _explain(rid, t0, t1, number, inside, log_start)
+            row = _explain(rid, t0, t1, number, inside)
         rows.append(row)
         total = totals.setdefault(row[2], [row[2], 0, 0.0])
         total[1] += 1
@@ -130,9 +126,7 @@ def find(
     return tuple((c, n, s) for c, n, s in totals.values()), tuple(rows)
 
 
-def _explain(
-    rid: Any, t0: float, t1: float, number: int, inside: list[BatchStep], log_start: float | None
-) -> StallRow:
+def _explain(rid: Any, t0: float, t1: float, number: int, inside: list[BatchStep]) -> StallRow:
     """One decode gap's row: ``inside``, the steps that ended inside (t0, t1], and what they computed."""
     prefill = recompute = decode = skipped = 0
     covered = 0.0
@@ -151,9 +145,7 @@ def _explain(
             else:
                 recompute += n
     gap = t1 - t0
-    if log_start is None or log_start > t0:
-        cause = CAUSE_UNKNOWN  # the log does not reach back to the gap's start (find() avoids such gaps)
-    elif covered < gap / 2:
+    if covered < gap / 2:
         cause = CAUSE_IDLE
     elif prefill + recompute > decode:
         cause = CAUSE_PREFILL if prefill >= recompute else CAUSE_RECOMPUTE

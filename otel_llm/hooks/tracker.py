@@ -112,7 +112,7 @@ class Tracker(InFlight, EngineStateHook):
         hooks record, so they only check their arguments; queued/finished/traceparent still work
         (propagation)."""
         self.scheduled = self.preempted = checks.batch_off  # type: ignore[method-assign]
-        self.batch = checks.batches_off  # type: ignore[method-assign]
+        self.batch = checks.batch_composition_off  # type: ignore[method-assign]
         self.tokens = checks.tokens_off  # type: ignore[method-assign]
 
     # --- the hook -------------------------------------------------------------------------------
