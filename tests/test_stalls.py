@@ -202,6 +202,61 @@ def test_a_request_left_out_of_steps_is_skipped(harness):
     assert before < ts
 
 
+def test_an_engine_that_hears_of_a_preemption_late_names_the_recompute(harness):
+    """vLLM's frontend hears of a preemption with the request's next token, after its recompute: while
+    r3's recompute chunks run, the tracker still has r3 decoding, so the engine says which tokens are a
+    recompute (``batch(recompute=...)``); r1's slow steps are blamed on r3's recompute."""
+    t = harness.tracker
+    t.queued("r1", ts=T0, prompt_tokens=8)
+    t.queued("r3", ts=T0, prompt_tokens=8)
+    t.scheduled(["r1", "r3"], ts=T0)
+    t.batch({"r1": 8, "r3": 8}, ts=T0)
+    first = T0 + 0.005
+    t.tokens(["r1", "r3"], ts=first)
+    ts = decode_steps(t, ["r1", "r3"], first, 8)
+    evicted = ts  # the engine preempts r3 and re-admits it at once; the tracker hears of it later
+    t.batch({"r1": 1, "r3": 12}, ts=ts, recompute=["r3"])
+    ts += 0.060
+    t.tokens(["r1"], ts=ts)
+    t.batch({"r1": 1, "r3": 5}, ts=ts, recompute=["r3"])
+    ts += 0.030
+    t.preempted(["r3"], ts=evicted)  # replayed with the token that ends the recompute
+    t.scheduled(["r3"], ts=evicted)
+    t.tokens(["r1", "r3"], ts=ts)
+    end = decode_steps(t, ["r1", "r3"], ts, 8)
+    t.finished("r1", ts=end)
+    t.finished("r3", ts=end)
+    events = stall_events(harness.trace("r1", T0))
+    assert [e.attributes[sc.LLM_STALL_CAUSE] for e in events] == ["recompute", "recompute"]
+    assert [e.attributes[sc.LLM_STALL_RECOMPUTE_TOKENS] for e in events] == [12, 5]
+    assert all(e.attributes[sc.LLM_STALL_PREFILL_TOKENS] == 0 for e in events)
+    assert all(tuple(e.attributes[sc.LLM_STALL_REQUESTS]) == ("r3",) for e in events)
+
+
+def test_a_step_of_requests_the_tracker_does_not_know_yet_leaves_the_others_out(harness):
+    """A step holds r2 and a prompt the tracker has not heard of yet (vLLM's frontend hears of a new
+    request with its first token): as many requests as the tracker has running, but not r1. r1's gap
+    runs over that step to the next one that holds it."""
+    t = harness.tracker
+    t.queued("r1", ts=T0, prompt_tokens=2)
+    t.queued("r2", ts=T0, prompt_tokens=2)
+    t.scheduled(["r1", "r2"], ts=T0)
+    t.batch({"r1": 2, "r2": 2}, ts=T0)
+    t.tokens(["r1", "r2"], ts=T0 + 0.005)
+    ts = decode_steps(t, ["r1", "r2"], T0 + 0.005, 8)
+    t.batch({"r2": 1, "x": 300}, ts=ts)
+    ts += 0.040
+    t.tokens(["r2"], ts=ts)
+    ts = decode_steps(t, ["r1", "r2"], ts, 8)
+    t.finished("r1", ts=ts)
+    t.finished("r2", ts=ts)
+    (event,) = stall_events(harness.trace("r1", T0))
+    assert event.attributes[sc.LLM_STALL_CAUSE] == "prefill"
+    assert event.attributes[sc.LLM_STALL_DURATION] == pytest.approx(0.040 + STEP)
+    assert event.attributes[sc.LLM_STALL_STEPS] == 2
+    assert tuple(event.attributes[sc.LLM_STALL_REQUESTS]) == ("x",)
+
+
 def test_without_batch_there_are_no_stall_figures(harness):
     """An engine that never calls batch(): no stall attribute, event or metric (not zero: unknown)."""
     t = harness.tracker

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from otel_llm.hooks.timeline import Timeline
@@ -108,13 +108,19 @@ class BatchLog:
         total: int,
         running: int,
         get: Any,
+        recompute: Collection[Any] | None = None,
     ) -> None:
         """One step's composition; ``running``: requests the tracker has running, ``get``: its
-        registry's lookup (request id -> Timeline or None)."""
+        registry's lookup (request id -> Timeline or None); ``recompute``: requests whose tokens the
+        engine says are a recompute (``RequestTracker.batch``)."""
         step = BatchStep(ts, requests)
+        unknown = False
         if total != requests:  # not every request computes one token: look at those that do not
-            self._classify(step, scheduled, get)
-        if requests < running:  # some running request sat this step out: say which ones it held
+            unknown = self._classify(step, scheduled, get, recompute)
+        # A running request sat this step out (fewer requests than running), or may have: the step holds
+        # a request the tracker has not heard of yet (an engine that reports new requests late), so the
+        # count proves nothing. Say which ones it held.
+        if requests < running or unknown:
             step.members = frozenset(scheduled)
             self.partials.append(step)
         steps, ends = self.steps, self.ends
@@ -129,15 +135,22 @@ class BatchLog:
             self.partials = [p for p in self.partials if p.start >= oldest]
 
     @staticmethod
-    def _classify(step: BatchStep, scheduled: Mapping[Any, int], get: Any) -> None:
+    def _classify(
+        step: BatchStep, scheduled: Mapping[Any, int], get: Any, told: Collection[Any] | None
+    ) -> bool:
         """Tokens by kind, and the heavy entries; raises ValueError (storing nothing) on a negative
-        count."""
+        count. ``told``: requests the engine says recompute (None: none). Returns whether one of the
+        requests with more than one token is unknown to the tracker."""
         others = [(rid, n) for rid, n in scheduled.items() if n != 1]  # a comprehension: the fast loop
         prefill = recompute = spec = 0
         heavy: list[tuple[Any, int, str]] = []
+        unknown = False
         for rid, n in others:
             if n > 1:
-                kind = kind_of(get(rid))
+                tl = get(rid)
+                if tl is None:
+                    unknown = True
+                kind = RECOMPUTE if told and rid in told else kind_of(tl)
                 if kind == SPEC:
                     spec += n
                     continue
@@ -152,6 +165,7 @@ class BatchLog:
         step.decode = step.requests - len(others)
         step.prefill, step.recompute, step.spec = prefill, recompute, spec
         step.heavy = tuple(heavy[:MAX_HEAVY])
+        return unknown
 
     def ended(self, ts: float) -> None:
         """A ``tokens()`` call at ``ts``: the latest step that has no end yet ends there."""

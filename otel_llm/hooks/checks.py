@@ -77,7 +77,7 @@ def batch_off(
     check_ids(request_ids)
 
 
-def batch_composition_off(scheduled: Any, ts: float | None = None) -> None:
+def batch_composition_off(scheduled: Any, ts: float | None = None, recompute: Any = None) -> None:
     """batch() (a step's composition) of a tracker whose providers are both no-op: the argument
     checked, nothing kept. Not ``batch_off``, which stands in for the batch hooks scheduled/preempted."""
     check_scheduled(scheduled)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from opentelemetry import trace
@@ -240,20 +240,30 @@ class Tracker(InFlight, EngineStateHook):
         if self._anomalies.unlogged:
             self._anomalies.log_pending()
 
-    def batch(self, scheduled: Mapping[Any, int], ts: float | None = None) -> None:
+    def batch(
+        self,
+        scheduled: Mapping[Any, int],
+        ts: float | None = None,
+        recompute: Collection[Any] | None = None,
+    ) -> None:
         """Optional: what this engine step computes, per request (request id -> tokens: a prefill chunk,
         a recompute, one decode token, or several with speculative decoding), e.g. vLLM's
         ``SchedulerOutput.num_scheduled_tokens``. Call it once per step, when the step begins (``ts``),
         after that step's ``scheduled()`` / ``preempted()`` and before its ``tokens()``. With it the
         tracker explains each request's stalls (docs/lifecycle.md, "Stalls"); the tracker keeps no
-        reference to ``scheduled``."""
+        reference to ``scheduled``.
+
+        The tracker tells a request's kind of work from its own timeline. ``recompute``: the requests of
+        ``scheduled`` whose tokens are a recompute, for an engine whose ``preempted()`` / ``scheduled()``
+        reach the tracker after the step (vLLM's frontend hears of a preemption with the next token);
+        the tracker would count them as prefill or speculative tokens."""
         requests, total = check_scheduled(scheduled)
         ts = self._timestamp(ts)
         with self._lock:
             log = self._batch_log
             if log is None:
                 log = self._batch_log = BatchLog()
-            log.add(ts, scheduled, requests, total, self._states[RUNNING], self._inflight.get)
+            log.add(ts, scheduled, requests, total, self._states[RUNNING], self._inflight.get, recompute)
 
     def preempted(self, request_ids: Sequence[Any], ts: float | None = None) -> None:
         """The KV cache of these running requests was evicted (P_k); they wait to be recomputed."""

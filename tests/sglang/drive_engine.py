@@ -20,7 +20,11 @@ SGLang's own figures of what each admission computed: the driver wraps ``Schedul
 in SGLang's scheduler process (which ``spawn`` starts by importing this file as ``__mp_main__``; the
 environment variable ``PREFILLS`` names the file) and writes, per request of each new prefill batch, the
 batch's ``prefix_lens`` / ``extend_lens`` entries and the request's context length and retraction count,
-as SGLang's scheduler holds them, under ``prefills`` in the JSON.
+as SGLang's scheduler holds them, under ``prefills`` in the JSON. Likewise, per batch ``run_batch``
+launches, the tokens it computes per request as SGLang's batch holds them before the forward
+(``extend_lens`` of a prefill or mixed batch, one each in a decode batch), under ``batches``; and every
+``RequestTracker.batch()`` call otel_llm made there (a test-only probe of what the adapter reported),
+under ``batch_calls``.
 """
 
 from __future__ import annotations
@@ -123,8 +127,41 @@ def record_prefills(path: str) -> None:
     Scheduler.get_new_batch_prefill = get_new_batch_prefill
 
 
+BATCHES = "OTEL_LLM_TEST_SGLANG_BATCHES"
+
+
+def record_batches(path: str) -> None:
+    """In SGLang's scheduler process: append each batch ``run_batch`` launches (SGLang's side) and each
+    ``RequestTracker.batch()`` call (ours), one JSON line each."""
+    from sglang.srt.managers.scheduler import Scheduler
+
+    from otel_llm.hooks.tracker import Tracker
+
+    run_batch, report = Scheduler.run_batch, Tracker.batch
+
+    def write(row: dict[str, Any]) -> None:
+        with open(path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def launched(self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
+        mode = batch.forward_mode
+        rids = [req.rid for req in batch.reqs]
+        tokens = list(batch.extend_lens) if mode.is_extend() else [1] * len(rids) if mode.is_decode() else []
+        write({"side": "sglang", "mode": mode.name, "scheduled": dict(zip(rids, tokens))})
+        return run_batch(self, batch, *args, **kwargs)
+
+    def reported(self: Any, scheduled: Any, ts: Any = None, recompute: Any = None) -> None:
+        write({"side": "otel_llm", "scheduled": dict(scheduled)})
+        report(self, scheduled, ts=ts, recompute=recompute)
+
+    Scheduler.run_batch = launched
+    Tracker.batch = reported
+
+
 if __name__ == "__mp_main__" and os.environ.get(PREFILLS):  # a process SGLang spawned
     record_prefills(os.environ[PREFILLS])
+if __name__ == "__mp_main__" and os.environ.get(BATCHES):
+    record_batches(os.environ[BATCHES])
 
 
 def value(v: Any) -> Any:
@@ -160,6 +197,8 @@ def run(name: str, models: dict[str, str], tmp: Path) -> dict[str, Any]:
     os.environ.update(spec["env"])
     prefills = tmp / f"{name}.prefills.jsonl"
     os.environ[PREFILLS] = str(prefills)
+    batches = tmp / f"{name}.batches.jsonl"
+    os.environ[BATCHES] = str(batches)
     with HttpReceiver() as receiver, GrpcReceiver() as sglang_receiver:
         os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = receiver.endpoint
         extra: dict[str, Any] = {}
@@ -204,7 +243,17 @@ def run(name: str, models: dict[str, str], tmp: Path) -> dict[str, Any]:
             "prefills": [json.loads(line) for line in prefills.read_text().splitlines()]
             if prefills.exists()
             else [],
+            **batch_rows(batches),
         }
+
+
+def batch_rows(path: Path) -> dict[str, list[dict[str, Any]]]:
+    """SGLang's launched batches and otel_llm's batch() calls, each in order, from ``record_batches``."""
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return {
+        "batches": [r for r in rows if r["side"] == "sglang"],
+        "batch_calls": [r["scheduled"] for r in rows if r["side"] == "otel_llm"],
+    }
 
 
 def main() -> None:

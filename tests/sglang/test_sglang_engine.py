@@ -54,6 +54,18 @@ def children_named(run: dict[str, Any], root: dict[str, Any], name: str) -> list
     return [s for phase in phases for s in children(run, phase, name)]
 
 
+def test_the_tracker_hears_every_batch_sglang_ran(run: dict[str, Any]) -> None:
+    """Every batch SGLang launched that computes tokens reached the tracker's ``batch()``, in launch
+    order, with the tokens SGLang's batch held per request before its forward (under the overlap
+    scheduler too, where a batch is reported when its result is processed); so every request says how
+    long it stalled (``llm.stalls``, 0 or more)."""
+    launched = [b["scheduled"] for b in run["batches"] if b["scheduled"]]
+    assert launched, "the driver saw no batch"
+    assert {b["mode"] for b in run["batches"]} >= {"EXTEND", "DECODE"}
+    assert run["batch_calls"] == launched
+    assert all(sc.LLM_STALLS in root["attributes"] for root in roots(run).values())
+
+
 def test_each_run_exported_in_its_export_mode(engine_runs: dict[str, dict[str, Any]]) -> None:
     """The default mode runs an export process under SGLang's scheduler process; in_process none."""
     assert engine_runs["forced"]["export_processes"] >= 1

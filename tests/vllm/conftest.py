@@ -25,7 +25,7 @@ DRIVER = Path(__file__).with_name("drive_scheduler.py")
 VLLM_PYTHON = Path(os.environ.get("OTEL_LLM_VLLM_PYTHON", REPO / ".venv-vllm" / "bin" / "python"))
 ABS = 1e-6  # seconds: float precision for values computed from the same monotonic timestamps
 # The driver's scenarios (see its docstring); test_every_scenario_ran checks the list is complete.
-SCENARIOS = ("mixed", "prefill_preemption", "speculative", "recompute", "steady")
+SCENARIOS = ("mixed", "prefill_preemption", "speculative", "recompute", "stall", "steady")
 
 needs_vllm = pytest.mark.skipif(
     not VLLM_PYTHON.exists(),

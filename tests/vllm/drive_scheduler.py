@@ -181,6 +181,8 @@ def sample(scenario: Scenario, sched: Scheduler, sched_out) -> ModelRunnerOutput
     One token, plus the request's ``accepted`` share of the drafts vLLM scheduled for verification.
     """
     ids = list(sched_out.num_scheduled_tokens)
+    if scenario.seconds_per_token:  # the model's compute, in proportion to the tokens of the step
+        time.sleep(scenario.seconds_per_token * sched_out.total_num_scheduled_tokens)
     sampled = []
     for rid in ids:
         req = sched.requests[rid]
@@ -261,23 +263,35 @@ def run(scenario: Scenario, model_dir: str, export_mode: str) -> dict:
     proc = OutputProcessor(tokenizer=None, log_stats=True)  # vLLM's own frontend-side stats
     hasher = block_hasher(scenario, sched)
 
-    for index, rid in enumerate(scenario.requests):
-        ecr = engine_request(scenario, rid, index)
-        proc.add_request(ecr, prompt=None)
-        sched.add_request(Request.from_engine_core_request(ecr, block_hasher=hasher))
+    arrivals = {rid: (index, spec.arrive_step) for index, (rid, spec) in enumerate(scenario.requests.items())}
 
+    def arrive(step: int) -> None:
+        for rid, (index, at) in list(arrivals.items()):
+            if at <= step:
+                del arrivals[rid]
+                ecr = engine_request(scenario, rid, index)
+                proc.add_request(ecr, prompt=None)
+                sched.add_request(Request.from_engine_core_request(ecr, block_hasher=hasher))
+
+    arrive(0)
     finished, itls, timeline, step = [], [], {rid: [] for rid in scenario.requests}, 0
     engine_state = VllmEngineState()
     reschedulings = ReschedulingLog()
-    while sched.has_unfinished_requests():
+    steps: list[dict] = []
+    batch_calls = log_batch_calls(tracker)
+    while sched.has_unfinished_requests() or arrivals:
+        arrive(step)
         if step == scenario.abort_at_step:
             proc.abort_requests([scenario.aborted], internal=True)  # the frontend's side of a client abort
             sched.finish_requests([scenario.aborted], RequestStatus.FINISHED_ABORTED)
         preempted = {rid for rid, req in sched.requests.items() if req.status == RequestStatus.PREEMPTED}
+        recomputing = set(reschedulings.recomputing)
         sched_out = sched.schedule()
         reschedulings.step(sched, sched_out, preempted)
+        steps.append(step_record(sched, sched_out, preempted | recomputing))
         model_out = sample(scenario, sched, sched_out)
         for engine_outputs in sched.update_from_output(sched_out, model_out).values():
+            steps[-1]["outputs_ts"] = engine_outputs.timestamp
             engine_timeline(timeline, step, engine_outputs.outputs, engine_outputs.timestamp)
             stats = IterationStats()
             proc.process_outputs(engine_outputs.outputs, engine_outputs.timestamp, stats)
@@ -316,7 +330,63 @@ def run(scenario: Scenario, model_dir: str, export_mode: str) -> dict:
         "vllm_reschedulings": reschedulings.by_request,
         "anomalies": tracker.anomaly_counts,
         "tokens_calls": tokens_calls,
+        "vllm_steps": steps,
+        "batch_calls": batch_calls,
+        "batch_log": batch_log(tracker),
     }
+
+
+def step_record(sched: Scheduler, sched_out, recomputing: set[str]) -> dict:
+    """One step as vLLM's scheduler made it: ``num_scheduled_tokens`` and, per request, what vLLM's own
+    ``Request`` says those tokens were: ``recompute`` (re-admitted after a preemption, until its
+    recompute is done), ``prefill`` (prompt tokens, before its first output), ``decode`` (one token) or
+    ``spec`` (one plus draft tokens to verify). schedule() has already added the step's tokens to
+    ``num_computed_tokens``; what was computed before the step is that minus them."""
+    kinds = {}
+    for rid, n in sched_out.num_scheduled_tokens.items():
+        req = sched.requests[rid]
+        if rid in recomputing:
+            kinds[rid] = "recompute"
+        elif req.num_computed_tokens - n < req.num_prompt_tokens:
+            kinds[rid] = "prefill"
+        else:
+            kinds[rid] = "spec" if n > 1 else "decode"
+    return {"scheduled": dict(sched_out.num_scheduled_tokens), "kinds": kinds, "outputs_ts": None}
+
+
+def log_batch_calls(tracker: RequestTracker) -> list[dict]:
+    """Every ``batch()`` call the adapter makes on ``tracker``: its mapping (copied), timestamp and the
+    requests it said recompute."""
+    calls: list[dict] = []
+    batch = tracker.batch
+
+    def logged(scheduled, ts=None, recompute=None):
+        calls.append({"scheduled": dict(scheduled), "ts": ts, "recompute": sorted(recompute or ())})
+        batch(scheduled, ts=ts, recompute=recompute)
+
+    tracker.batch = logged
+    return calls
+
+
+def batch_log(tracker: RequestTracker) -> list[dict]:
+    """The tracker's step log as it classified each step (read from its private ``_batch_log``: a
+    test-only probe, no public figure holds a step's composition): tokens by kind and the heavy entries."""
+    log = tracker._batch_log
+    if log is None:
+        return []
+    return [
+        {
+            "start": s.start,
+            "end": s.end,
+            "requests": s.requests,
+            "prefill": s.prefill,
+            "recompute": s.recompute,
+            "decode": s.decode,
+            "spec": s.spec,
+            "heavy": [list(h) for h in s.heavy],
+        }
+        for s in log.steps
+    ]
 
 
 def log_tokens_calls(tracker: RequestTracker) -> list[dict]:
@@ -347,6 +417,11 @@ class ReschedulingLog:
     def __init__(self) -> None:
         self.by_request: dict[str, list[dict]] = {}
         self._recomputing: dict[str, dict] = {}
+
+    @property
+    def recomputing(self) -> set[str]:
+        """Requests re-admitted after a preemption whose recompute is not done yet."""
+        return set(self._recomputing)
 
     def step(self, sched: Scheduler, sched_out, preempted_before: set[str]) -> None:
         for rid in list(self._recomputing):

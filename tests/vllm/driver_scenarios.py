@@ -13,6 +13,11 @@ depend on timing, so each scenario produces the same engine-core event sequence 
   for p1: QUEUED, SCHEDULED, PREEMPTED, SCHEDULED (after p0 finished), TOKENS, TOKENS, TOKENS.
 - ``speculative``: vLLM's ngram speculative decoding, 2 draft tokens a step; the made-up model accepts
   both drafts of s0 (3 tokens a step) and one of s1 (2 a step), so outputs carry several tokens.
+- ``stall``: chunked prefill (256 tokens a step), and a model step that takes 20 µs per scheduled token
+  (the driver sleeps, standing in for the model's compute). Two requests decode; at step 6 a 480-token
+  prompt (l0) arrives, at step 20 a 400-token one (l1), and their chunks share the decode requests'
+  steps, so those requests' tokens wait about 5 ms each while a chunk runs: stalls caused by prefill,
+  naming l0 and l1.
 - ``recompute``: prefix caching on, prompts sharing their first 16 tokens, chunked prefill (16 tokens a
   step) on 8 usable blocks. vLLM preempts q3 after its first token and re-admits it with the shared
   block cached (16 tokens) and 49 to recompute; three steps into that recompute (45 tokens fed) it
@@ -35,6 +40,7 @@ class RequestSpec:
     max_tokens: int
     stop_at: int | None = None  # output index at which the made-up model emits the stop token
     accepted: int = 0  # draft tokens the made-up model accepts per decode step (speculative decoding)
+    arrive_step: int = 0  # the engine step at which the request is added (0: before the first)
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,7 @@ class Scenario:
     num_speculative_tokens: int = 0  # draft tokens proposed per decode step (vLLM's ngram method)
     prefix_caching: bool = False  # vLLM's automatic prefix caching
     shared_prefix: int = 0  # leading prompt tokens every request of the scenario has in common
+    seconds_per_token: float = 0.0  # the made-up model step's time per scheduled token (0: no wait)
 
 
 SCENARIOS = (
@@ -94,6 +101,18 @@ SCENARIOS = (
         },
         prefix_caching=True,
         shared_prefix=16,
+    ),
+    Scenario(
+        "stall",
+        num_blocks=128,
+        max_num_batched_tokens=256,
+        requests={
+            "t0": RequestSpec(20, 60),
+            "t1": RequestSpec(20, 60),
+            "l0": RequestSpec(480, 4, arrive_step=6),
+            "l1": RequestSpec(400, 4, arrive_step=20),
+        },
+        seconds_per_token=20e-6,
     ),
     Scenario(
         "steady",  # a decode batch that stays the same for many steps: the tracker's steady path

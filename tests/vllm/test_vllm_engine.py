@@ -269,3 +269,17 @@ def test_engine_gauges_equal_vllm(offline: OfflineRun, when: str) -> None:
         (sc.STATE_WAITING, "vllm:num_requests_waiting"),
     ):
         assert total(requests, "value", **{sc.LLM_REQUEST_STATE: state}) == vllm[name], state
+
+
+def test_the_engines_steps_reach_the_tracker(offline: OfflineRun) -> None:
+    """The engine core runs in this process: each step's ``num_scheduled_tokens`` goes to ``batch()``,
+    so every finished request says how long it stalled (``llm.stalls``, 0 or more), and the stalls that
+    other requests' prompts caused name requests of this run."""
+    roots = offline.generated_roots()
+    assert all(sc.LLM_STALLS in r["attributes"] for r in roots.values())
+    internal_ids = {r["attributes"][sc.VLLM_REQUEST_ID] for r in offline.roots.values()}
+    for root in roots.values():
+        for decode in offline.children(root, sc.SPAN_DECODE):
+            for name, _, attributes in decode["events"]:
+                if name == sc.EVENT_STALL:
+                    assert set(attributes.get(sc.LLM_STALL_REQUESTS, ())) <= internal_ids

@@ -16,6 +16,11 @@ stamp), so each scheduler call is turned into the difference since the last one:
 - ``admitted(reqs)`` after ``Scheduler.get_new_batch_prefill``: a new admission stamp -> ``scheduled``
   with the request's ``prefix_len`` as its cached tokens
   (chunked prefill admits a request several times with one stamp; those are skipped).
+- ``stepped(batch, ts)`` before ``Scheduler.process_batch_result``, once per batch the scheduler ran:
+  what the batch computed per request (``extend_lens`` of a prefill or mixed batch, one token each in a
+  decode batch) -> ``batch``, at ``ts``, when ``run_batch`` launched it. Under the overlap scheduler a
+  batch's result is processed after the next batch is launched, so it is reported there, just before
+  its own tokens, not at launch.
 - ``streamed(reqs)`` before ``SchedulerOutputStreamer.stream_output``, which every batch result and
   every abort passes through: new output tokens -> ``tokens`` (one timestamp per call); a finished
   request not yet reported -> ``finished``. The overlap scheduler may stream a finished request twice;
@@ -82,6 +87,7 @@ class SGLangAdapter:
         self.tracker = tracker
         self._live: dict[str, _Live] = {}
         self.unflushed = 0  # requests finished since the last flush (see SGLangInstrumentor's on_idle)
+        self._report_batch = getattr(tracker, "batch", None)  # a tracker without batch(): not reported
 
     @property
     def in_flight(self) -> int:
@@ -149,6 +155,26 @@ class SGLangAdapter:
             report = getattr(self.tracker, "engine_state", None)
             if report is not None:
                 report(prompt_tokens_computed=computed, prompt_tokens_cached=cached)
+
+    def stepped(self, batch: Any, ts: float) -> None:
+        """Before ``process_batch_result``: the batch's tokens per request, to ``batch()`` (``ts``: when
+        it was launched, monotonic seconds). Idle and other batches that compute no tokens of their
+        own (prebuilt: a disaggregated decode's first) are not reported, nor are speculative decoding's
+        verify batches, whose kept tokens are known only after the step."""
+        report = self._report_batch
+        if report is None:
+            return
+        reqs = batch.reqs
+        if not reqs:
+            return
+        mode = batch.forward_mode
+        rids = [req.rid for req in reqs]
+        if mode.is_decode():
+            report(dict.fromkeys(rids, 1), ts=ts)
+        elif mode.is_extend() and not mode.is_target_verify():
+            lens = batch.extend_lens
+            if lens is not None and len(lens) == len(rids):
+                report(dict(zip(rids, lens)), ts=ts)
 
     def streamed(self, reqs: Iterable[Any], ts: float | None = None) -> None:
         """Before ``stream_output``: new tokens and finishes of these requests, at ``ts`` (monotonic s)."""

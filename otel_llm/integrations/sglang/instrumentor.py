@@ -2,10 +2,11 @@
 
 Scheduler process (where requests live): wraps ``Scheduler._add_request_to_queue`` and
 ``Scheduler.get_new_batch_prefill`` (after SGLang's call), ``SchedulerOutputStreamer.stream_output``
-(before it) and ``Scheduler.on_idle``: once the scheduler has drained, what finished since the last
-flush is flushed from a background thread (SGLang ends its scheduler processes with SIGKILL, so
-anything still buffered at shutdown would be lost). Tokenizer process (SGLang's HTTP server or
-``sglang.Engine``): wraps ``TokenizerManager._init_req_state`` and
+(before it), ``Scheduler.run_batch`` and ``Scheduler.process_batch_result`` (what each batch computed,
+reported before its result is processed) and ``Scheduler.on_idle``: once the scheduler has drained,
+what finished since the last flush is flushed from a background thread (SGLang ends its scheduler
+processes with SIGKILL, so anything still buffered at shutdown would be lost). Tokenizer process
+(SGLang's HTTP server or ``sglang.Engine``): wraps ``TokenizerManager._init_req_state`` and
 ``APIServerReqTimeStats.__getstate__``, so a caller's W3C ``traceparent`` / ``tracestate`` and the
 request's arrival stamp travel to the scheduler inside the time stats SGLang already sends;
 ``SchedulerReqTimeStats`` gets one class attribute so that its ``new_from_obj`` copies them.
@@ -23,6 +24,8 @@ import importlib.util
 import logging
 import sys
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -181,6 +184,18 @@ def _patch_sglang() -> None:
     patch.replace(api_stats, "__getstate__", _wrap_getstate(api_stats.__getstate__))
     # new_from_obj copies only attributes the scheduler's stats class has: give it ours.
     patch.replace(sched_stats, CARRIED, None)
+    # What each batch computed (the tracker's batch(): stalls explained); optional, as neither is needed
+    # for the requests' own spans.
+    if callable(getattr(scheduler, "run_batch", None)) and callable(
+        getattr(scheduler, "process_batch_result", None)
+    ):
+        patch.replace(scheduler, "run_batch", _wrap_run(scheduler.run_batch))
+        patch.replace(scheduler, "process_batch_result", _wrap_result(scheduler.process_batch_result))
+    else:
+        _warn_once(
+            "otel_llm: this SGLang's Scheduler lacks run_batch / process_batch_result; requests' stalls "
+            "are not explained"
+        )
     SGLangInstrumentor._patch = patch
 
 
@@ -254,6 +269,34 @@ def _wrap_prefill(original: Callable[..., Any]) -> Callable[..., Any]:
 
     get_new_batch_prefill.__wrapped__ = original  # type: ignore[attr-defined]
     return get_new_batch_prefill
+
+
+# Launch times (monotonic seconds) of the batches whose results are not processed yet, oldest first:
+# SGLang processes results in launch order, one per run_batch (the overlap scheduler keeps one in
+# flight). Bounded: a launch whose result never comes must not shift every later one for long.
+_launched: deque[float] = deque(maxlen=4)
+
+
+def _wrap_run(original: Callable[..., Any]) -> Callable[..., Any]:
+    def run_batch(self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
+        if SGLangInstrumentor._adapter is not None:
+            _launched.append(time.monotonic())
+        return original(self, batch, *args, **kwargs)
+
+    run_batch.__wrapped__ = original  # type: ignore[attr-defined]
+    return run_batch
+
+
+def _wrap_result(original: Callable[..., Any]) -> Callable[..., Any]:
+    def process_batch_result(self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
+        adapter = SGLangInstrumentor._adapter
+        if adapter is not None and _launched:
+            # Before SGLang: its result processing streams the batch's tokens (the tracker's tokens()).
+            _guarded("process_batch_result", adapter.stepped, batch, _launched.popleft())
+        return original(self, batch, *args, **kwargs)
+
+    process_batch_result.__wrapped__ = original  # type: ignore[attr-defined]
+    return process_batch_result
 
 
 _flushing = threading.Lock()  # at most one flush thread at a time

@@ -13,7 +13,9 @@ decoding counts, tokens per step) comes once per engine step from vLLM's ``Sched
 frontend hands to ``OutputProcessor.update_scheduler_stats`` after the step's outputs (see
 ``engine_state``); each request's prefix-cache hits ride on its first output, next to its first SCHEDULED
 event, and go to the tracker with it. What a rescheduling after a preemption found cached is known only
-where the engine core runs in this process (``rescheduling``); it goes with that SCHEDULED event.
+where the engine core runs in this process (``rescheduling``); it goes with that SCHEDULED event. There
+too, what each step computed per request (``SchedulerOutput.num_scheduled_tokens``) goes to the trackers'
+``batch()`` when the step's outputs arrive (``compositions``), so the trackers explain stalls.
 
 Nothing here imports vLLM: outputs and requests are read by attribute name, enum members by name, so a
 vLLM build that renumbers its enums keeps working.
@@ -33,6 +35,7 @@ from otel_llm import semconv as sc
 from otel_llm.hooks.options import DEFAULT_MAX_AGE_S, DEFAULT_MAX_IN_FLIGHT
 from otel_llm.integrations.vllm import disaggregated as pd
 from otel_llm.integrations.vllm.choices import Choices
+from otel_llm.integrations.vllm.compositions import Compositions
 from otel_llm.integrations.vllm.engine_state import (
     cached_prompt_tokens,
     computed_prompt_tokens,
@@ -139,6 +142,9 @@ class VLLMAdapter:
         self._choices: dict[str, Choices] = {}  # by vLLM's parent request id, while choices run
         self._choice_of: dict[str, Choices] = {}  # child request id -> its parent's Choices
         self._warned_no_events = False
+        # Steps an in-process scheduler scheduled for these requests, until their outputs arrive.
+        self._compositions = Compositions()
+        self._batch_failed = False
         self._engine_tracker: Any = None  # where engine_state() goes: the tracker of the first request
         # Tokens of the engine step being delivered, counted as vLLM's iteration stats count them.
         self._step_outputs = 0
@@ -250,6 +256,8 @@ class VLLMAdapter:
             ):
                 self._step_outputs += len(request_ids)
                 self._step_tokens += len(request_ids)
+                if self._compositions:
+                    self._report_steps(batch_ts)
                 tracker.tokens(request_ids, ts=batch_ts)
                 if self._remote_decode:
                     self._hand_off(outputs)
@@ -277,6 +285,8 @@ class VLLMAdapter:
         self._step_outputs += len(plain)
         self._step_tokens += len(plain)
         if odd is None:
+            if self._compositions:
+                self._report_steps(batch_ts)
             if plain:
                 tracker.tokens(plain, ts=batch_ts)
         else:
@@ -285,6 +295,8 @@ class VLLMAdapter:
                 batches[tracker] = (plain, [1] * len(plain))
             for out in odd:
                 self._output(out, batch_ts, still_open, batches)
+            if self._compositions:  # after the events: the trackers know which requests are new
+                self._report_steps(batch_ts)
             for owner, (request_ids, counts) in batches.items():
                 # One token each (no speculative decoding) goes without counts: the tracker's fast path.
                 one_each = counts.count(1) == len(counts)
@@ -332,6 +344,30 @@ class VLLMAdapter:
                 batch = batches[tracker] = ([], [])
             batch[0].append(request_id)
             batch[1].append(produced)
+
+    def step_scheduled(self, scheduled: Any, ts: float, recompute: list[Any] | None = None) -> None:
+        """An in-process scheduler's step (``num_scheduled_tokens``, scheduled at ``ts``, monotonic
+        seconds; ``recompute``: its requests that recompute): kept when it holds a request of this
+        frontend, reported when its outputs arrive."""
+        if not scheduled:
+            return
+        first = next(iter(scheduled))
+        if first in self._live or first in self._pending:
+            self._compositions.add(ts, scheduled, recompute)
+
+    def _report_steps(self, batch_ts: float) -> None:
+        """``batch()`` of every kept step scheduled by ``batch_ts`` to each tracker of this frontend:
+        they share the engine's steps, so each one's stalls may name requests of another. Never raises:
+        the step's tokens come next."""
+        steps = self._compositions.due(batch_ts)
+        try:
+            for ts, scheduled, recompute in steps:
+                for tracker in self._trackers.values():
+                    tracker.batch(scheduled, ts=ts, recompute=recompute)
+        except Exception:
+            if not self._batch_failed:
+                self._batch_failed = True
+                _log.warning("otel_llm: reporting vLLM's step to the tracker failed", exc_info=True)
 
     def engine_stats(self, stats: Any) -> None:
         """The end of one engine step: its ``SchedulerStats`` (or None) and the tokens of its outputs.

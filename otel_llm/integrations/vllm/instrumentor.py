@@ -27,6 +27,7 @@ import logging
 import os
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable, Collection, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -35,6 +36,7 @@ from otel_llm import semconv as sc
 from otel_llm.integrations import import_hook
 from otel_llm.integrations.patching import Patch, guarded, warn_once
 from otel_llm.integrations.vllm.adapter import VLLMAdapter
+from otel_llm.integrations.vllm.compositions import recomputing
 from otel_llm.integrations.vllm.rescheduling import Reschedulings
 from otel_llm.server_attributes import server_attributes
 
@@ -426,17 +428,31 @@ def _stats_on(original: Callable[..., None]) -> Callable[..., None]:
 
 
 def _note_reschedulings(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Scheduler.schedule, then what its reschedulings found cached, kept while a frontend in this
-    process is instrumented (with the engine core in its own process there is none: nothing is kept)."""
+    """Scheduler.schedule, then what its reschedulings found cached and what the step computes per
+    request, kept while a frontend in this process is instrumented (with the engine core in its own
+    process there is none: nothing is kept, one dict check per step)."""
 
     def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not VLLMInstrumentor._adapters:
+            return original(self, *args, **kwargs)
+        ts = time.monotonic()  # when the step's scheduling began: the start of its batch()
         output = original(self, *args, **kwargs)
-        if VLLMInstrumentor._adapters:
-            _guarded("schedule", VLLMInstrumentor._reschedulings.record, self, output)
+        _guarded("schedule", _noted, self, output, ts)
         return output
 
     schedule.__wrapped__ = original  # type: ignore[attr-defined]
     return schedule
+
+
+def _noted(scheduler: Any, output: Any, ts: float) -> None:
+    VLLMInstrumentor._reschedulings.record(scheduler, output)
+    scheduled = getattr(output, "num_scheduled_tokens", None)
+    if scheduled:
+        recompute = recomputing(
+            getattr(scheduler, "requests", {}), scheduled, getattr(output, "total_num_scheduled_tokens", None)
+        )
+        for adapter in list(VLLMInstrumentor._adapters.values()):
+            adapter.step_scheduled(scheduled, ts, recompute)
 
 
 def _engine_classes() -> list[type]:
