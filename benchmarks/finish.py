@@ -26,13 +26,28 @@ STEP_S = 0.010
 _tags = itertools.count()
 
 
-def drive(hook: Any, ids: list[str], tokens: int, preempt: bool, t0: float, finish: bool = True) -> float:
-    """Run ``ids`` as one batch from queued to (optionally) finished; return the finish timestamp."""
+def drive(
+    hook: Any,
+    ids: list[str],
+    tokens: int,
+    preempt: bool,
+    t0: float,
+    finish: bool = True,
+    batches: bool = False,
+) -> float:
+    """Run ``ids`` as one batch from queued to (optionally) finished; return the finish timestamp.
+    ``batches``: the engine reports each step (``batch()``), and every 50th step takes five times as
+    long (stalls for every request to explain)."""
     for rid in ids:
         hook.queued(rid, ts=t0)
     ts = t0 + STEP_S
     hook.scheduled(ids, ts=ts)
+    decode = dict.fromkeys(ids, 1)
     for step in range(tokens):
+        if batches:
+            hook.batch(decode, ts=ts)
+            if step % 50 == 49:
+                ts += 4 * STEP_S
         ts += STEP_S
         hook.tokens(ids, ts=ts)
         if preempt and step == tokens // 2:
@@ -140,6 +155,30 @@ def finish_rounds(batch: int, tokens: int, preempt: bool, split: bool = False) -
     return {**{name: finishing(t) for name, t in trackers.items()}, "bare SDK spans": bare_sdk}
 
 
+def stall_rounds(batch: int, tokens: int) -> dict[str, Round]:
+    """finished() after ``tokens`` decode steps, without and with ``batch()`` (its stalls found)."""
+    made = {}
+    for name in ("without batch()", "with batch()"):
+        p = discarding_providers()
+        made[name] = RequestTracker(tracer_provider=p.tracer_provider, meter_provider=p.meter_provider)
+
+    def finishing(tracker: RequestTracker, batches: bool) -> Round:
+        def run() -> tuple[int, int]:
+            tag = next(_tags)
+            ids = [f"req-{tag}-{i}" for i in range(batch)]
+            # Each round later than the last: the batch log is in time order, as an engine's is.
+            end = drive(tracker, ids, tokens, False, 100.0 + 20.0 * tag, finish=False, batches=batches)
+            finished = tracker.finished
+            start = perf_ns()
+            for rid in ids:
+                finished(rid, ts=end)
+            return perf_ns() - start, batch
+
+        return run
+
+    return {name: finishing(t, name == "with batch()") for name, t in made.items()}
+
+
 def whole_rounds(batch: int, tokens: int, preempt: bool) -> dict[str, Round]:
     ours_p, naive_p = discarding_providers(), discarding_providers()
     made = {
@@ -203,4 +242,17 @@ def run(quick: bool, rounds: int) -> list[Measure]:
                     spread=(t["ours"].low_ns, t["ours"].high_ns),
                 )
             )
+    for tokens in (20, 100) if quick else (200, 1000):
+        t = compare(stall_rounds(batch, tokens), rounds)
+        out.append(
+            Measure(
+                "finish",
+                f"finished() after {tokens} decode steps, the engine reporting its batches (batch())",
+                "ns",
+                t["with batch()"].median_ns,
+                {"without batch()": t["without batch()"].median_ns},
+                spread=(t["with batch()"].low_ns, t["with batch()"].high_ns),
+                note="every 50th step five times as long: each request's stalls found and put on its trace",
+            )
+        )
     return out

@@ -207,6 +207,91 @@ def batch_reports(quick: bool, rounds: int) -> list[Measure]:
     return out
 
 
+ENGINE_STEP_S = 0.033  # an engine's step, for the detail-level rounds: windows of engine steps close by it
+
+
+def detail_round(tracker: RequestTracker, batch: int, steps: int, report: bool) -> Round:
+    """One timed round of a steady decode batch on an engine's clock (explicit timestamps, one step
+    every ``ENGINE_STEP_S``, so that windows of the engine's own step spans open and close as they
+    would), with ``batch()`` before each step when ``report`` (another request's prompt chunk in every
+    step). Cost = loop time / (steps x batch)."""
+
+    def run() -> tuple[int, int]:
+        tag = next(_round_ids)
+        ids = [f"detail-{tag}-{i}" for i in range(batch)]
+        everyone = [*ids, f"detail-{tag}-prompt"] if report else ids
+        ts = 1_000.0 + tag * (steps + 10) * ENGINE_STEP_S  # each round after the previous one
+        for rid in everyone:
+            tracker.queued(rid, ts=ts)
+        tracker.scheduled(everyone, ts=ts)
+        ts += ENGINE_STEP_S
+        tracker.tokens(ids, ts=ts)
+        composition = dict.fromkeys(ids, 1)
+        if report:
+            composition[everyone[-1]] = PREFILL_CHUNK
+        tokens, step_batch = tracker.tokens, tracker.batch
+        stamps = [ts + (k + 1) * ENGINE_STEP_S for k in range(steps)]
+        start = perf_ns()
+        if report:
+            for at in stamps:
+                step_batch(composition, ts=at - ENGINE_STEP_S)
+                tokens(ids, ts=at)
+        else:
+            for at in stamps:
+                tokens(ids, ts=at)
+        elapsed = perf_ns() - start
+        for rid in everyone:
+            tracker.finished(rid, ts=stamps[-1])
+        return elapsed, steps * batch
+
+    return run
+
+
+def detail_steps_reports(quick: bool, rounds: int) -> list[Measure]:
+    """The steady decode loop at detail ``steps`` (a step log, and the engine's own step spans in
+    windows) beside detail ``phases``, per request-token, on an engine's clock."""
+    providers = discarding_providers()
+    out = []
+    try:
+        for batch in (64, 256):
+            steps = (2_000 if quick else 40_000) // batch
+            variants = {}
+            for name, detail, report in (
+                ("phases", "phases", False),
+                ("steps", "steps", False),
+                ("steps, batch()", "steps", True),
+            ):
+                tracker = RequestTracker(
+                    tracer_provider=providers.tracer_provider,
+                    meter_provider=providers.meter_provider,
+                    model="bench-model",
+                    trace_detail=detail,
+                )
+                variants[name] = detail_round(tracker, batch, steps, report)
+            t = compare(variants, rounds)
+            out.append(
+                Measure(
+                    "hook",
+                    f"hook cost per request-token, batch {batch}, {STEADY}, detail steps, one step every "
+                    f"{ENGINE_STEP_S * 1000:.0f} ms",
+                    "ns",
+                    t["steps"].median_ns,
+                    {
+                        "detail phases": t["phases"].median_ns,
+                        f"detail steps with batch(), a {PREFILL_CHUNK}-token prefill chunk in each step": t[
+                            "steps, batch()"
+                        ].median_ns,
+                    },
+                    spread=(t["steps"].low_ns, t["steps"].high_ns),
+                    note="a step record per step; the first 128 steps of every 10 s window get an engine "
+                    "step span's ids and links (a C-level pass over its requests)",
+                )
+            )
+    finally:
+        providers.shutdown()
+    return out
+
+
 def hooks() -> tuple[dict[str, Callable[[], Any]], Callable[[], None]]:
     """Factories of every variant, and a cleanup for the providers they share."""
     ours = discarding_providers()
@@ -285,4 +370,5 @@ def run(quick: bool, rounds: int) -> list[Measure]:
         close()
     out.append(rescheduling(quick, rounds))
     out += batch_reports(quick, rounds)
+    out += detail_steps_reports(quick, rounds)
     return out

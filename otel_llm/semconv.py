@@ -19,6 +19,8 @@ SPAN_DECODE = "llm.decode"
 SPAN_PREEMPTED = "llm.preempted"
 SPAN_RECOMPUTE = "llm.recompute"
 SPAN_ENGINE_STEP = "llm.engine.step"
+# The engine's own steps at detail "steps": one trace per engine and window of time, the steps under it.
+SPAN_ENGINE_WINDOW = "llm.engine.window"
 # Disaggregated serving (a prefill instance hands the request and its KV cache to a decode instance):
 # each instance's part of the request, under the one llm.request, and the KV transfer on each side.
 SPAN_INSTANCE_PREFILL = "llm.instance.prefill"
@@ -84,6 +86,11 @@ LLM_STEP_TOKENS = "llm.engine.step.tokens"  # tokens the engine fed its model in
 LLM_STEP_KV_CACHE_USAGE = "llm.engine.kv_cache.usage"  # fraction 0..1 after the step
 LLM_STEPS = "llm.engine.steps"  # engine steps the request ran in (llm.request, detail "steps")
 LLM_STEPS_UNSPANNED = "llm.engine.steps.unspanned"  # of those, steps without a span (past the cap)
+# On the engine's own llm.engine.step spans, when the engine reports its batches: what the step computed.
+LLM_STEP_PREFILL_TOKENS = "llm.engine.step.prefill_tokens"
+LLM_STEP_RECOMPUTE_TOKENS = "llm.engine.step.recompute_tokens"
+LLM_STEP_DECODE_TOKENS = "llm.engine.step.decode_tokens"
+LLM_STEP_SPEC_TOKENS = "llm.engine.step.spec_tokens"  # several tokens of one request past its first
 # Stalls (docs/lifecycle.md "Stalls"; only when the engine reports its batches): one llm.stall event per
 # stall, on llm.decode (on llm.request at detail "request"), and the totals by cause on llm.request.
 EVENT_STALL = "llm.stall"

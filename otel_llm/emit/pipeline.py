@@ -11,7 +11,9 @@ and it reads the tracker's figures at collection time. The same code runs in the
 - ``TailSampler.keep``: whether the trace is kept (metrics count every request either way);
 - ``root_attributes`` and ``SpanBuilder.build``: the spans, straight to an SDK provider's processors
   (``otel_llm.emit.sdk_spans``) or through the tracer of any other;
-- ``RequestMetrics.record``: the histograms and counters, with the request span as exemplar.
+- ``RequestMetrics.record``: the histograms and counters, with the request span as exemplar;
+- at detail ``steps``, the engine's own step spans (``otel_llm.emit.engine_steps``), in windows the
+  producer closed, taken as requests finish and at a flush.
 
 Nothing here raises into the engine: telemetry trouble is counted as the tracker's anomaly
 (``Producer.note``) and logged once.
@@ -20,6 +22,7 @@ Nothing here raises into the engine: telemetry trouble is counted as the tracker
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +30,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.trace import Span
 
 from otel_llm.emit import engine_metrics, self_metrics
+from otel_llm.emit.engine_steps import emit_window
 from otel_llm.emit.intervals import Intervals
 from otel_llm.emit.metrics import RequestMetrics
 from otel_llm.emit.sampling import TailSampler, TailSampling
@@ -35,14 +39,27 @@ from otel_llm.emit.spans import SpanBuilder
 from otel_llm.record import (
     ANOMALY_FINISH_FAILED,
     ANOMALY_SPAN_HOOK_FAILED,
+    DETAIL_STEPS,
     Producer,
     RequestRecord,
+    StepWindow,
 )
 
 _log = logging.getLogger("otel_llm")
 
+# The emitters at detail "steps", for a flush of their provider (weak: a tracker let go leaves it).
+_stepping: weakref.WeakSet[Emitter] = weakref.WeakSet()
+
 # ``span_hook(span, record)``: the user's code, called on each llm.request span before it ends.
 SpanHook = Callable[[Span, RequestRecord], None]
+
+
+def close_step_windows(tracer_provider: Any) -> None:
+    """Every emitter at detail ``steps`` whose spans go to ``tracer_provider``: take its tracker's
+    windows, the open one too (``Telemetry.force_flush`` / ``shutdown`` in process)."""
+    for emitter in list(_stepping):
+        if (emitter._tracer_provider or trace.get_tracer_provider()) is tracer_provider:
+            emitter.take_windows(True)
 
 
 class Emitter:
@@ -62,12 +79,16 @@ class Emitter:
         self._tail = None if tail is None else TailSampler(tail)
         self._span_hook = span_hook
         self._producer: Producer | None = None
+        self._steps = False
 
     def bind(self, producer: Producer) -> None:
         """Build the spans and metrics for ``producer``'s records (its base attributes, detail level and
         clock), register its figures' instruments, and give it the per-step recorders."""
         info = producer.info
         self._producer = producer
+        self._steps = info.detail == DETAIL_STEPS  # the engine's own step spans come in windows
+        if self._steps:
+            _stepping.add(self)
         self._base = info.base
         self._wall_ns = info.wall_ns
         self._spans = SpanBuilder(self._tracer_provider, info.wall_ns, info.detail)
@@ -95,6 +116,26 @@ class Emitter:
         except Exception:
             self._note(ANOMALY_FINISH_FAILED, rec.request_id)
             _log.debug("otel_llm: finishing request %r failed", rec.request_id, exc_info=True)
+        if self._steps:
+            self.take_windows(False)
+
+    def take_windows(self, final: bool) -> None:
+        """The engine step windows the producer closed (and the open one when ``final``), as spans."""
+        try:
+            windows = self._producer.step_windows(final)  # type: ignore[union-attr]
+        except Exception:
+            _log.debug("otel_llm: taking the engine's step windows failed", exc_info=True)
+            return
+        for window in windows:
+            self.steps(window)
+
+    def steps(self, window: StepWindow) -> None:
+        """The spans of one window of the engine's own steps (detail ``steps``); never raises."""
+        try:
+            emit_window(self._spans.view, self._wall_ns, self._base, window)
+        except Exception:
+            self._note(ANOMALY_FINISH_FAILED, "engine steps")
+            _log.debug("otel_llm: the engine's step spans failed", exc_info=True)
 
     def would_keep(self, rec: RequestRecord) -> bool:
         """Whether tail sampling would keep ``rec``'s trace (not counted as a decision)."""
@@ -103,6 +144,8 @@ class Emitter:
     def flush(self, timeout_millis: int) -> bool:
         """Flush the tracer and meter providers (after settling which meter provider the metrics reach)."""
         self._resolve()
+        if self._steps:
+            self.take_windows(True)
         ok = True
         for provider in (
             self._tracer_provider or trace.get_tracer_provider(),

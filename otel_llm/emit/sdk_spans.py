@@ -24,7 +24,8 @@ field). This path is taken only where that holds; otherwise the tracer's own ``s
 - an SDK laid out otherwise than expected. Internals read (present from SDK 1.35 to 1.45, the versions
   tested): ``Tracer._span_limits``, ``Tracer._instrumentation_scope``, the tracer's span class
   ``_Span`` (for a ``span_hook``), the multi span processor's ``_span_processors``, ``ParentBased``'s
-  ``_local_parent_sampled`` / ``_local_parent_not_sampled``, ``StaticSampler._decision``; from 1.39
+  ``_local_parent_sampled`` / ``_local_parent_not_sampled``, ``StaticSampler._decision``, ``Link._attributes``
+  (bounded as the SDK's span bounds them); from 1.39
   on, where present, ``Tracer._is_enabled`` and ``Tracer._tracer_metrics`` (the SDK's own span
   metrics: with them on, the tracer's path is taken), and processors' ``_on_ending``.
 """
@@ -248,7 +249,13 @@ class RequestSpans:
         return Open(name, context, parent, _INTERNAL, attributes, t0)
 
     def child(
-        self, name: str, parent: SpanContext, t0: int, t1: int, attributes: dict[str, Any] | None = None
+        self,
+        name: str,
+        parent: SpanContext,
+        t0: int,
+        t1: int,
+        attributes: dict[str, Any] | None = None,
+        links: list[Any] | None = None,
     ) -> None:
         context = SpanContext(self._trace_id, self._sdk.new_span_id(), False, self._flags, self._state)
         sdk = self._sdk
@@ -260,7 +267,7 @@ class RequestSpans:
                 sdk.resource,
                 sdk.no_attributes if attributes is None else self._attributes(attributes),
                 sdk.no_events,
-                sdk.no_links,
+                sdk.no_links if links is None else self._links(links),
                 _INTERNAL,
                 sdk.info,
                 _UNSET,
@@ -344,6 +351,19 @@ class RequestSpans:
         if sdk.plain and (limit is None or len(attributes) <= limit) and "" not in attributes:
             return attributes
         return BoundedAttributes(limit, attributes, immutable=False, max_value_len=sdk.max_attribute_length)
+
+    def _links(self, links: list[Any]) -> Any:
+        """The span's links as the SDK's span keeps them: each link's attributes bounded and frozen, at
+        most ``max_links``. Ours always have a valid context."""
+        limits = self._sdk.limits
+        for link in links:
+            link._attributes = BoundedAttributes(
+                limits.max_link_attributes,
+                link.attributes,
+                max_value_len=limits.max_attribute_length,
+                immutable=True,
+            )
+        return BoundedList.from_seq(limits.max_links, links)
 
     def _events(self, events: list[tuple[str, Any, int]]) -> Any:
         sdk = self._sdk

@@ -58,7 +58,7 @@ from otel_llm.emit.preset import (
 from otel_llm.emit.recompute import span_attributes as recompute_attributes
 from otel_llm.emit.span_data import request_events
 from otel_llm.emit.stalls import stall_events
-from otel_llm.emit.steps import step_attributes
+from otel_llm.emit.steps import step_attributes, step_links
 from otel_llm.record import (
     DETAIL_PHASES,
     DETAIL_REQUEST,
@@ -249,8 +249,10 @@ class _ApiSpans:
     def start(self, name: str, parent: Any, t0: int, attributes: Any = None) -> Span:
         return self._start(name, context=parent, start_time=t0, attributes=attributes)
 
-    def child(self, name: str, parent: Any, t0: int, t1: int, attributes: Any = None) -> None:
-        self._start(name, context=parent, start_time=t0, attributes=attributes).end(end_time=t1)
+    def child(
+        self, name: str, parent: Any, t0: int, t1: int, attributes: Any = None, links: Any = None
+    ) -> None:
+        self._start(name, context=parent, start_time=t0, attributes=attributes, links=links).end(end_time=t1)
 
     @staticmethod
     def end(span: Span, t1: int) -> None:
@@ -377,7 +379,7 @@ def _children(emit: Any, ns: Callable[[float], int], root: Any, rec: RequestReco
         for row in rows:
             t0, ts = row[0], row[1]
             ctx = prefill_ctx if first is None or ts <= first else decode_ctx
-            child(sc.SPAN_ENGINE_STEP, ctx, ns(t0), ns(ts), step_attributes(row))
+            child(sc.SPAN_ENGINE_STEP, ctx, ns(t0), ns(ts), step_attributes(row), step_links(row))
     if prefill is not None and prefill is not decode:
         if first is None and cut is not None:
             _mark(emit, prefill, cut)

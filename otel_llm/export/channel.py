@@ -345,8 +345,13 @@ class ExportChannel:
                 if k not in greeted
             ]
             figures = [(k, figures_tuple(p.figures(drain=True))) for k, p, _, _ in producers if p is not None]
+            # The engine's own step spans (detail "steps"), taken here, off the engine's thread; all of
+            # them at a flush.
+            windows = [
+                (k, w) for k, p, _, _ in producers if p is not None for w in p.step_windows(everything)
+            ]
             records = batch  # (key, the record's wire bytes), made as each request finished
-            body = (self._sent + 1, greet, records, figures, losses, gone)
+            body = (self._sent + 1, greet, records, figures, losses, gone, windows)
             if not self._send(encode("batch", body), n):
                 return
             greeted.update(k for k, _, _ in greet)

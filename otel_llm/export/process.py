@@ -11,11 +11,13 @@ Messages (``otel_llm.record.wire``; each framed by ``otel_llm.export.frames``):
 
 - ``start`` {settings}: first, once: ``service_name``, ``output_dir``, ``resource_attributes``,
   ``shutdown_timeout_s``, ``parent_pid``;
-- ``batch`` (first_seq, trackers, records, figures, losses, gone): ``trackers`` new to this process as
-  (key, TrackerInfo fields, tail-sampling settings or None); ``records`` as (key, a record's bytes),
-  numbered from ``first_seq`` on; ``figures`` as (key, Figures fields), the per-step samples in them fed
-  to that tracker's recorders; ``losses``: the engine's own count of records lost, by reason, and its
-  own pipeline's losses by signal; ``gone``: the keys of trackers the engine no longer has;
+- ``batch`` (first_seq, trackers, records, figures, losses, gone, windows): ``trackers`` new to this
+  process as (key, TrackerInfo fields, tail-sampling settings or None); ``records`` as (key, a
+  record's bytes), numbered from ``first_seq`` on; ``figures`` as (key, Figures fields), the per-step
+  samples in them fed to that tracker's recorders; ``losses``: the engine's own count of records lost,
+  by reason, and its own pipeline's losses by signal; ``gone``: the keys of trackers the engine no
+  longer has; ``windows`` as (key, ``otel_llm.record.StepWindow``), the engine's own step spans at
+  detail ``steps``;
 - ``flush`` id: export everything, answer ``flushed`` (id, in time, done, delivery);
 - ``stop`` timeout: shut the pipeline down within it, answer ``stopped`` (in time, done, delivery), exit.
 
@@ -43,7 +45,7 @@ from typing import Any
 from otel_llm.emit.pipeline import Emitter
 from otel_llm.emit.sampling import TailSampling
 from otel_llm.export.frames import FrameReader, FrameWriter
-from otel_llm.record import Figures, StepRecorder, TrackerInfo
+from otel_llm.record import Figures, StepRecorder, StepWindow, TrackerInfo
 from otel_llm.record.wire import decode, encode, figures_from, info_from, record_from
 
 _log = logging.getLogger("otel_llm")
@@ -93,6 +95,10 @@ class RemoteProducer:
     def use_recorders(self, itl: StepRecorder | None, step_tokens: StepRecorder | None) -> None:
         self._itl, self._step_tokens = itl, step_tokens
 
+    def step_windows(self, final: bool = False) -> list[StepWindow]:
+        """None here: the engine's windows arrive in its batches (``ExportProcess.batch``)."""
+        return []
+
     def note(self, kind: str, request_id: Any) -> None:
         with self._lock:
             self._noted[kind] = self._noted.get(kind, 0) + 1
@@ -135,7 +141,7 @@ class ExportProcess:
         self.replies: FrameWriter | None = None
 
     def batch(self, body: Any) -> None:
-        first_seq, trackers, records, figures, losses, gone = body
+        first_seq, trackers, records, figures, losses, gone, windows = body
         for key, info_fields, tail in trackers:
             self._tracker(key, info_from(info_fields), tail)
         for key, fields in figures:
@@ -151,6 +157,10 @@ class ExportProcess:
                 emitter.request(record_from(data))
             pending.append((seq, drops.spans_ended))
             seq += 1
+        for key, window in windows:  # the engine's own step spans (detail "steps")
+            emitter = self.emitters.get(key)
+            if emitter is not None:
+                emitter.steps(window)
         for key in gone:  # trackers the engine let go: their emitters stop reporting, as in process
             self.emitters.pop(key, None)
             self.producers.pop(key, None)

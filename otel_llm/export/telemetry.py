@@ -251,6 +251,7 @@ class Telemetry:
             return False
         budget = self.shutdown_timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + budget
+        self._close_step_windows()
         calls = self._provider_calls("force_flush", budget)
         failed: list[str] = []
         if self.channel is not None:
@@ -280,6 +281,7 @@ class Telemetry:
                 # last export is given up on at once (and counted) instead of for the whole budget.
                 budget = min(budget, _GIVE_UP_S)
             deadline = time.monotonic() + budget
+            self._close_step_windows()
             calls = self._provider_calls("shutdown", budget)
             failed: list[str] = []
             if self.channel is not None:
@@ -341,6 +343,15 @@ class Telemetry:
         """The export process's flush or shutdown; its name in ``failed`` when it did not finish in time."""
         if not getattr(self.channel, method)(budget_s):
             failed.append(f"export process {method}")
+
+    def _close_step_windows(self) -> None:
+        """In process: the open windows of the engine's own step spans (detail ``steps``) of the trackers
+        on this provider end now, so they leave with this flush (the export channel does it beside an
+        export process)."""
+        if self.channel is None:
+            from otel_llm.emit.pipeline import close_step_windows
+
+            close_step_windows(self.tracer_provider)
 
     def _provider_calls(self, method: str, budget_s: float) -> list[tuple[str, Callable[[], Any]]]:
         """``(name, call)`` for each provider that has ``method``; no-op providers have neither."""

@@ -186,6 +186,13 @@ class TraceIdentity:
         trace_id = parent.trace_id if parent is not None else generator.generate_trace_id()
         return trace_id, generator.generate_span_id()
 
+    def new_span_id(self, trace_id: int) -> int:
+        """A span id for a span of trace ``trace_id`` (an engine step's), from the same generator."""
+        generator, _ = self._sdk()
+        if self._own_ids:
+            return _ids.getrandbits(64) or 1
+        return generator.generate_span_id()
+
     def decide(self, tl: Timeline, attributes: dict[str, Any]) -> Sampling | None:
         """The sampler's decision for the request span, asked once per request (None: no SDK sampler).
 

@@ -6,7 +6,8 @@ Three levels, one setting (``RequestTracker(trace_detail=...)`` or ``OTEL_LLM_TR
 - ``phases`` (the default): ``llm.request`` with its phase and preemption spans (docs/lifecycle.md);
 - ``steps``: ``phases`` plus ``llm.engine.step`` spans under ``llm.prefill`` / ``llm.decode``: the engine
   steps (``tokens()`` calls) taken while the request was in the running batch, each from the previous
-  step to its own tokens event.
+  step to its own tokens event; and the engine's steps in traces of their own, linked both ways with the
+  requests' (``otel_llm.hooks.step_windows``).
 
 Volume is bounded twice: the tracker remembers the last ``STEP_LOG_SIZE`` steps (one record per
 ``tokens()`` call, shared by the whole batch, so the hot path gains one append per step, none per
@@ -19,8 +20,11 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
+from otel_llm.hooks.batches import BatchLog
+from otel_llm.hooks.step_windows import OpenWindow, StepWindows
 from otel_llm.hooks.timeline import FinishedRequest
 from otel_llm.record import DETAIL_PHASES, DETAILS, MAX_STEP_SPANS, StepRow
 
@@ -42,9 +46,22 @@ def resolve_detail(value: str | None) -> str:
 
 class StepRecord:
     """One engine step as the tracker saw it: its tokens event (monotonic seconds), its index among the
-    tracker's tokens() calls, the requests that produced tokens, and what ``engine_state()`` said."""
+    tracker's tokens() calls, the requests that produced tokens, and what ``engine_state()`` said; for a
+    step with a span of its own (``otel_llm.hooks.step_windows``), that span's start, id and window, and
+    the requests it links to."""
 
-    __slots__ = ("batch_size", "index", "kv_cache_usage", "tokens", "ts")
+    __slots__ = (
+        "batch_size",
+        "composition",
+        "index",
+        "kv_cache_usage",
+        "links",
+        "span_id",
+        "start",
+        "tokens",
+        "ts",
+        "window",
+    )
 
     def __init__(self, ts: float, index: int, batch_size: int) -> None:
         self.ts = ts
@@ -52,17 +69,38 @@ class StepRecord:
         self.batch_size = batch_size
         self.tokens: int | None = None  # tokens fed to the model in the step, from engine_state()
         self.kv_cache_usage: float | None = None
+        self.span_id: int | None = None  # set by StepWindows.add for a step with an engine span
+        self.window: OpenWindow | None = None
+        self.start = ts
+        self.links: tuple[Any, ...] = ()  # the Timelines (or None) of the requests it links to
+        self.composition: tuple[int, int, int, int] | None = None  # prefill, recompute, decode, spec tokens
 
 
 class StepLog:
-    """The last ``size`` engine steps, in time order."""
+    """The last ``size`` engine steps, in time order, and their windows (``windows``: the engine's own
+    step spans; None: none)."""
 
-    def __init__(self, size: int = STEP_LOG_SIZE) -> None:
+    def __init__(self, size: int = STEP_LOG_SIZE, windows: StepWindows | None = None) -> None:
         self.records: deque[StepRecord] = deque(maxlen=size)
+        self.windows = windows
 
-    def add(self, ts: float, index: int, batch_size: int) -> None:
-        """One tokens() call. Caller holds the tracker's lock."""
-        self.records.append(StepRecord(ts, index, batch_size))
+    def add(
+        self,
+        ts: float,
+        index: int,
+        batch_size: int,
+        ids: Sequence[Any],
+        get: Callable[[Any], Any],
+        batches: BatchLog | None,
+    ) -> None:
+        """One tokens() call, for the requests ``ids`` (``get``: the registry's lookup; ``batches``: the
+        tracker's batch log or None). Caller holds the tracker's lock."""
+        records = self.records
+        record = StepRecord(ts, index, batch_size)
+        if self.windows is not None:
+            before = records[-1].ts if records else ts
+            self.windows.add(record, before if before <= ts else ts, ids, get, batches)
+        records.append(record)
 
     def latest(self) -> StepRecord | None:
         return self.records[-1] if self.records else None
@@ -136,5 +174,15 @@ def rows(fin: FinishedRequest, recent: list[StepRecord]) -> tuple[int, tuple[Ste
     steps = of_request(fin, recent)
     chosen = longest(steps, MAX_STEP_SPANS)
     return len(steps), tuple(
-        (t0, r.ts, r.index, r.batch_size, r.tokens, r.kv_cache_usage) for t0, r in chosen
+        (
+            t0,
+            r.ts,
+            r.index,
+            r.batch_size,
+            r.tokens,
+            r.kv_cache_usage,
+            None if r.window is None else r.window.trace_id,
+            r.span_id,
+        )
+        for t0, r in chosen
     )

@@ -40,6 +40,7 @@ from otel_llm.hooks.identity import TraceIdentity, parent_context, parent_span_c
 from otel_llm.hooks.inflight import NO_STEP, InFlight
 from otel_llm.hooks.options import TrackerOptions
 from otel_llm.hooks.produce import record_of
+from otel_llm.hooks.step_windows import StepWindows, plain
 from otel_llm.hooks.steps import StepLog, rows
 from otel_llm.hooks.timeline import PREEMPTED, RUNNING, FinishedRequest, Preemption, Step, Timeline
 from otel_llm.record import (
@@ -49,6 +50,7 @@ from otel_llm.record import (
     RecordConsumer,
     Stalls,
     StepRecorder,
+    StepWindow,
     TrackerInfo,
     start_attributes,
 )
@@ -93,8 +95,14 @@ class Tracker(InFlight, EngineStateHook):
         provider = tracer_provider if tracer_provider is not None else trace.get_tracer_provider()
         self.identity = TraceIdentity(provider.get_tracer("otel_llm", __version__))
         self.info = TrackerInfo(base, detail, options.role, self.clock.offset_ns)
-        # The last engine steps, for llm.engine.step spans (detail "steps" only: one append per step).
-        self._step_log: StepLog | None = StepLog() if detail == DETAIL_STEPS else None
+        # The last engine steps, for llm.engine.step spans, and the engine's own step spans in windows
+        # (detail "steps" only: one append per step, and the window's bookkeeping).
+        self._step_log: StepLog | None = None
+        if detail == DETAIL_STEPS:
+            identity = self.identity
+            self._step_log = StepLog(
+                windows=StepWindows(lambda: identity.new_ids(None), identity.new_span_id)
+            )
         # What each step computed, per request: made by the first batch() call (an engine that never
         # calls it pays one None check per tokens() call).
         self._batch_log: BatchLog | None = None
@@ -195,7 +203,9 @@ class Tracker(InFlight, EngineStateHook):
                 prev.ts = ts
                 prev.index += 1
                 if self._step_log is not None:
-                    self._step_log.add(ts, prev.index, len(request_ids))
+                    self._step_log.add(
+                        ts, prev.index, len(request_ids), request_ids, self._inflight.get, self._batch_log
+                    )
                 if self._batch_log is not None:
                     self._batch_log.ended(ts)
                 if request_ids:
@@ -205,7 +215,9 @@ class Tracker(InFlight, EngineStateHook):
                 prev = NO_STEP  # a step out of order: every request takes the checked path
             step = self._prev_step = Step(ts, self._prev_step.index + 1)
             if self._step_log is not None:
-                self._step_log.add(ts, step.index, len(request_ids))
+                self._step_log.add(
+                    ts, step.index, len(request_ids), request_ids, self._inflight.get, self._batch_log
+                )
             if self._batch_log is not None:
                 self._batch_log.ended(ts)
             get = self._inflight.get
@@ -404,6 +416,19 @@ class Tracker(InFlight, EngineStateHook):
     def note(self, kind: str, request_id: Any) -> None:
         """Trouble the consumer met with a request's record, counted as one of this tracker's anomalies."""
         self._note(kind, request_id)
+
+    def step_windows(self, final: bool = False) -> list[StepWindow]:
+        """The closed windows of the engine's own step spans (detail ``steps``), and the open one too
+        when ``final``; an empty list at once when there is nothing to take."""
+        log = self._step_log
+        if log is None or log.windows is None:
+            return []
+        windows = log.windows
+        if not (windows.closed or (final and windows.open is not None)):
+            return []
+        with self._lock:
+            taken = windows.take(final)
+        return [plain(w) for w in taken]
 
     def _renew_lock(self) -> None:
         """In a forked child: a fresh lock, and the consumer told (it shares the lock for the per-step

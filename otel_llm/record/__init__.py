@@ -29,7 +29,7 @@ from otel_llm import semconv as sc
 
 # The version of the record layout (``RequestRecord``, ``TrackerInfo``, ``Figures`` and their wire form).
 # A reader refuses a stream of another version rather than misread it.
-VERSION = 2
+VERSION = 3
 
 # Trace detail levels (which spans a request gets): the hook side records steps only for ``steps``.
 DETAIL_REQUEST = "request"
@@ -61,8 +61,28 @@ ANOMALY_SPAN_HOOK_FAILED = "span_hook_failed"
 #   the engine did not report it).
 Preemption = tuple[float, int, "float | None", "float | None", "float | None", "int | None", "int | None"]
 # Step tuple fields (``RequestRecord.steps``): span start, tokens event (ts), index of the tracker's
-# tokens() call, batch size, tokens fed to the model (or None), KV-cache usage (or None).
-StepRow = tuple[float, float, int, int, "int | None", "float | None"]
+# tokens() call, batch size, tokens fed to the model (or None), KV-cache usage (or None), and the trace id
+# and span id of the engine's own span of that step (``StepWindow``; both None when it got none).
+StepRow = tuple[float, float, int, int, "int | None", "float | None", "int | None", "int | None"]
+# An engine step with a span of its own (``StepWindow`` rows): its span id, span start (the previous
+# tokens event), tokens event, index, batch size, tokens fed to the model (or None), KV-cache usage (or
+# None), the (trace id, span id) of the llm.request span of each request that produced tokens in it, and
+# what it computed by kind, (prefill, recompute, decode, spec) tokens, when the engine reports its batches
+# (else None).
+EngineStepRow = tuple[
+    int,
+    float,
+    float,
+    int,
+    int,
+    "int | None",
+    "float | None",
+    "tuple[tuple[int, int], ...]",
+    "tuple[int, int, int, int] | None",
+]
+# One window of an engine's steps (detail ``steps``; ``otel_llm.hooks.step_windows``): its trace id and
+# root span id, start and end (monotonic seconds), the steps in it, and those with spans (``EngineStepRow``).
+StepWindow = tuple[int, int, float, float, int, "tuple[EngineStepRow, ...]"]
 # Stall tuple fields (``RequestRecord.stalls`` rows, docs/lifecycle.md "Stalls"): gap start (the token
 # before), gap end (the stalled token), cause, the stalled token's number (1 = the first), other requests'
 # prefill and recompute tokens and the decode tokens in the steps that ended inside the gap, those steps,
@@ -299,6 +319,11 @@ class Producer(Protocol):
 
     def note(self, kind: str, request_id: Any) -> None:
         """Count trouble the consumer met with a record (an anomaly kind), as the tracker's own."""
+        ...
+
+    def step_windows(self, final: bool = False) -> list[StepWindow]:
+        """The windows of engine steps closed since the last call (detail ``steps``; otherwise none),
+        and the open one too when ``final`` (a flush). Takes the lock itself: call without it."""
         ...
 
 

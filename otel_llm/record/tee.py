@@ -12,7 +12,15 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from otel_llm.record import Figures, Producer, RecordConsumer, RequestRecord, StepRecorder, TrackerInfo
+from otel_llm.record import (
+    Figures,
+    Producer,
+    RecordConsumer,
+    RequestRecord,
+    StepRecorder,
+    StepWindow,
+    TrackerInfo,
+)
 
 
 class _Onlooker:
@@ -34,6 +42,10 @@ class _Onlooker:
 
     def note(self, kind: str, request_id: Any) -> None:
         """Ignored: the primary consumer's troubles are the tracker's to count."""
+
+    def step_windows(self, final: bool = False) -> list[StepWindow]:
+        """None: the engine's step windows are the primary consumer's to take."""
+        return []
 
 
 class Tee:
