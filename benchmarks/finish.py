@@ -111,6 +111,26 @@ class BareSdkSpans:
         root.end(end_time=end)
 
 
+def finishing(
+    tracker: RequestTracker, batch: int, tokens: int, preempt: bool, batches: bool = False
+) -> Round:
+    """A round timing only the ``finished()`` calls of ``batch`` requests driven through ``tokens``
+    steps (``drive``)."""
+
+    def run() -> tuple[int, int]:
+        tag = next(_tags)
+        ids = [f"req-{tag}-{i}" for i in range(batch)]
+        # Each round later than the last: the tracker's step logs stay in time order, as an engine's do.
+        end = drive(tracker, ids, tokens, preempt, 100.0 + 20.0 * tag, finish=False, batches=batches)
+        finished = tracker.finished
+        start = perf_ns()
+        for rid in ids:
+            finished(rid, ts=end)
+        return perf_ns() - start, batch
+
+    return run
+
+
 def finish_rounds(batch: int, tokens: int, preempt: bool, split: bool = False) -> dict[str, Round]:
     """``split`` adds ours with only spans (no-op meter) and only metrics (no-op tracer)."""
     ours_p, bare_p = discarding_providers(), discarding_providers()
@@ -132,19 +152,6 @@ def finish_rounds(batch: int, tokens: int, preempt: bool, split: bool = False) -
         )
     bare = BareSdkSpans(bare_p.tracer_provider, tokens, preempt, 100.0)
 
-    def finishing(tracker: RequestTracker) -> Round:
-        def run() -> tuple[int, int]:
-            tag = next(_tags)
-            ids = [f"req-{tag}-{i}" for i in range(batch)]
-            end = drive(tracker, ids, tokens, preempt, 100.0, finish=False)
-            finished = tracker.finished
-            start = perf_ns()
-            for rid in ids:
-                finished(rid, ts=end)
-            return perf_ns() - start, batch
-
-        return run
-
     def bare_sdk() -> tuple[int, int]:
         finished = bare.finished
         start = perf_ns()
@@ -152,7 +159,8 @@ def finish_rounds(batch: int, tokens: int, preempt: bool, split: bool = False) -
             finished(i)
         return perf_ns() - start, batch
 
-    return {**{name: finishing(t) for name, t in trackers.items()}, "bare SDK spans": bare_sdk}
+    made = {name: finishing(t, batch, tokens, preempt) for name, t in trackers.items()}
+    return {**made, "bare SDK spans": bare_sdk}
 
 
 def stall_rounds(batch: int, tokens: int) -> dict[str, Round]:
@@ -162,21 +170,7 @@ def stall_rounds(batch: int, tokens: int) -> dict[str, Round]:
         p = discarding_providers()
         made[name] = RequestTracker(tracer_provider=p.tracer_provider, meter_provider=p.meter_provider)
 
-    def finishing(tracker: RequestTracker, batches: bool) -> Round:
-        def run() -> tuple[int, int]:
-            tag = next(_tags)
-            ids = [f"req-{tag}-{i}" for i in range(batch)]
-            # Each round later than the last: the batch log is in time order, as an engine's is.
-            end = drive(tracker, ids, tokens, False, 100.0 + 20.0 * tag, finish=False, batches=batches)
-            finished = tracker.finished
-            start = perf_ns()
-            for rid in ids:
-                finished(rid, ts=end)
-            return perf_ns() - start, batch
-
-        return run
-
-    return {name: finishing(t, name == "with batch()") for name, t in made.items()}
+    return {name: finishing(t, batch, tokens, False, name == "with batch()") for name, t in made.items()}
 
 
 def whole_rounds(batch: int, tokens: int, preempt: bool) -> dict[str, Round]:

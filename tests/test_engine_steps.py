@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from otel_llm import semconv as sc
-from otel_llm.hooks.step_windows import STEP_SPANS_PER_WINDOW, STEP_WINDOW_S
+from otel_llm.hooks.step_windows import MAX_STEP_LINKS, STEP_SPANS_PER_WINDOW, STEP_WINDOW_S
 
 pytestmark = pytest.mark.both_modes
 
@@ -161,3 +161,24 @@ def test_other_detail_levels_have_no_engine_traces(make_harness, detail: str) ->
     names = Counter(s.name for s in spans_of(h))
     assert names[sc.SPAN_ENGINE_WINDOW] == 0 and names[sc.SPAN_ENGINE_STEP] == 0
     assert names[sc.SPAN_REQUEST] == 3
+
+
+def test_past_the_link_cap_the_prefilling_request_is_still_linked(make_harness) -> None:
+    h = make_harness(trace_detail="steps")
+    t = h.tracker
+    decoding = [f"d{i}" for i in range(MAX_STEP_LINKS + 40)]
+    for rid in [*decoding, "long"]:
+        t.queued(rid, ts=T0, prompt_tokens=512)
+    t.scheduled([*decoding, "long"], ts=T0)
+    t.batch({**dict.fromkeys(decoding, 1), "long": 512}, ts=T0)
+    t.tokens(decoding, ts=T0 + 0.02)
+    for rid in [*decoding, "long"]:
+        t.finished(rid, ts=T0 + 0.03)
+    spans = spans_of(h)
+    (step,) = engine_steps(spans)
+    requests = {
+        s.context.span_id: s.attributes[sc.LLM_REQUEST_ID] for s in spans if s.name == sc.SPAN_REQUEST
+    }
+    linked = [requests[link.context.span_id] for link in step.links]
+    assert len(linked) == MAX_STEP_LINKS == len(set(linked))
+    assert "long" in linked and set(linked) - {"long"} <= set(decoding)

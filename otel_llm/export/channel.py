@@ -45,6 +45,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from otel_llm.export.frames import FrameReader, write_frame
+from otel_llm.logs import warn_once
 from otel_llm.record import Producer, RequestRecord
 from otel_llm.record.wire import decode, encode, figures_tuple, info_tuple, record_bytes
 
@@ -347,9 +348,7 @@ class ExportChannel:
             figures = [(k, figures_tuple(p.figures(drain=True))) for k, p, _, _ in producers if p is not None]
             # The engine's own step spans (detail "steps"), taken here, off the engine's thread; all of
             # them at a flush.
-            windows = [
-                (k, w) for k, p, _, _ in producers if p is not None for w in p.step_windows(everything)
-            ]
+            windows = [(k, w) for k, p, _, _ in producers if p is not None for w in _windows(p, everything)]
             records = batch  # (key, the record's wire bytes), made as each request finished
             body = (self._sent + 1, greet, records, figures, losses, gone, windows)
             if not self._send(encode("batch", body), n):
@@ -570,6 +569,18 @@ class ExportChannel:
         self._queue = deque()
         self._losses = {QUEUE_FULL: 0, PROCESS_EXITED: 0, UNSENT_AT_SHUTDOWN: 0}
         self._reset()
+
+
+def _windows(producer: Any, final: bool) -> list[Any]:
+    """``producer.step_windows(final)``, or none after one warning: a failure there must not stop the
+    sender, which carries every record."""
+    try:
+        return producer.step_windows(final)
+    except Exception:
+        warn_once(
+            "channel-step-windows", "otel_llm: the engine's step spans could not be taken", exc_info=True
+        )
+        return []
 
 
 def _readable(fds: list[int], timeout_s: float) -> list[int]:

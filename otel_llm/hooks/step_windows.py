@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 STEP_WINDOW_S = 10.0  # seconds of engine steps per window trace
 STEP_SPANS_PER_WINDOW = 128  # steps with a span of their own per window; the rest are counted
 MAX_STEP_LINKS = 128  # requests linked from one step span (the SDK's default link limit)
-MAX_CLOSED = 4  # closed windows kept for the consumer; past it the oldest is dropped (and counted)
+MAX_CLOSED = 4  # closed windows kept for the consumer; past it the oldest is dropped (``dropped``)
 
 
 class OpenWindow:
@@ -92,8 +92,8 @@ class StepWindows:
         batches: BatchLog | None,
     ) -> None:
         """One step (``record``, whose span starts at ``start``, the previous tokens event, unless the
-        engine said when it began), with the requests that produced tokens
-        in it (``ids``; ``get``: the registry's lookup, id -> Timeline or None). ``batches``: the
+        engine said when it began), with the requests that produced tokens in it (``ids``; ``get``: the
+        registry's lookup, id -> Timeline or None). ``batches``: the
         tracker's batch log (None: the engine does not report its batches), whose latest step, not yet
         ended, is this one: what it computed by kind, and the requests with prefill or recompute work
         in it (linked too: they produced no token, yet they are what the others waited behind)."""
@@ -117,8 +117,8 @@ class StepWindows:
                 step = batches.steps[-1]
                 record.start = min(step.start, ts)  # when the step began, as the engine said
                 record.composition = (step.prefill, step.recompute, step.decode, step.spec)
-                if step.heavy:
-                    links += tuple(map(get, [rid for rid, _, _ in step.heavy]))
+                if step.heavy:  # first: past the cap, the requests the others waited behind stay
+                    links = tuple(map(get, [rid for rid, _, _ in step.heavy])) + links
             record.links = links
             window.spanned.append(record)
 
