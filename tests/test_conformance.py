@@ -397,3 +397,29 @@ def test_integration_attributes_reach_spans_and_metrics_without_overriding_ours(
     assert {k: point.attributes[k] for k in server} == server
     with pytest.raises(TypeError, match="attributes"):
         make_harness(attributes={sc.SERVER_PORT: [8000]})
+
+
+# Names the GenAI semantic conventions retired, and what replaced them (semconv-genai #440: the prompt
+# tokens written into a cache are ``cache_write``). otel-llm emits none of the retired ones.
+RETIRED = {"gen_ai.usage.cache_creation.input_tokens": "gen_ai.usage.cache_write.input_tokens"}
+
+
+def test_no_attribute_under_a_retired_semantic_conventions_name(harness):
+    t = harness.tracker
+    t.queued("r1", ts=T0, prompt_tokens=12)
+    t.scheduled(["r1"], ts=T0 + 0.01, cached_tokens=[8])
+    t.tokens(["r1"], ts=T0 + 0.02)
+    t.engine_state(prefix_cache_queries=12, prefix_cache_hits=8, kv_cache_usage=0.5)
+    t.finished("r1", ts=T0 + 0.03)
+    keys = set()
+    for span in harness.finished_spans():
+        keys |= set(span.attributes)
+        for event in span.events:
+            keys |= set(event.attributes or {})
+    for points in harness.metrics().values():
+        for p in points:
+            keys |= set(p.attributes)
+    assert sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS in keys  # the cache figures are there, by their names
+    assert not keys & set(RETIRED), keys & set(RETIRED)
+    names = {v for k, v in vars(sc).items() if k.isupper() and isinstance(v, str)}
+    assert not names & set(RETIRED)
