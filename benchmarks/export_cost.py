@@ -287,7 +287,7 @@ def measure(quick: bool) -> dict[str, Any]:
             alike = (alike * (DEFAULT_BATCH // max(len(alike), 1) + 1))[:DEFAULT_BATCH]
             variants[("encode-kind", kind, DEFAULT_BATCH, "none")] = _encode_work([alike])
         variants[("build", "-", 0, "-")] = _build_work(builds)
-        samples, beyond, received = _rounds(variants, receivers, rounds)
+        samples, beyond, received = _rounds(variants, receivers, rounds, warm_up=not quick)
     finally:
         for made in exporters:
             made.shutdown()
@@ -313,7 +313,7 @@ def measure(quick: bool) -> dict[str, Any]:
 
 
 def _rounds(
-    variants: dict[Key, Work], receivers: dict[str, Receiver], rounds: int
+    variants: dict[Key, Work], receivers: dict[str, Receiver], rounds: int, warm_up: bool = True
 ) -> tuple[dict[Key, list[tuple[int, int]]], dict[Key, list[int]], dict[str, int]]:
     """Run every variant once a round: (thread, process) CPU ns samples, paired differences, spans received.
 
@@ -326,8 +326,8 @@ def _rounds(
     ]
     samples: dict[Key, list[tuple[int, int]]] = {k: [] for k in variants}
     beyond: dict[Key, list[int]] = {k: [] for k in variants if k[0] == "export"}
-    for work in variants.values():  # warm-up: connections open, caches filled
-        work()
+    for work in variants.values() if warm_up else ():  # connections open, caches filled (not in --quick,
+        work()  # whose numbers mean little: a third of its time)
     for receiver in receivers.values():
         receiver.take()
     received = dict.fromkeys(receivers, 0)

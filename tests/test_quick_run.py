@@ -6,6 +6,7 @@ A real pytest collects the tests folder, with every module outside the tiers lef
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -74,7 +75,9 @@ def run_quick(*options: str) -> str:
     return done.stdout
 
 
-def test_quick_spreads_over_the_cores_unless_told_otherwise() -> None:
-    assert re.search(r"^\d+ workers \[\d+ items?\]", run_quick(), re.M), "--quick ran in one process"
+def test_quick_spreads_over_two_workers_per_core_unless_told_otherwise() -> None:
+    spread = re.search(r"^(\d+) workers \[\d+ items?\]", run_quick(), re.M)
+    assert spread, "--quick ran in one process"
+    assert int(spread.group(1)) == 2 * (os.cpu_count() or 1)
     for alone in (("-p", "no:xdist"), ("-n", "0")):
         assert " workers [" not in run_quick(*alone), alone
