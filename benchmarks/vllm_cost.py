@@ -55,7 +55,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks import vllm_report, vllm_startup
+from benchmarks import engine_core_figures, vllm_report, vllm_startup
 from benchmarks.vllm_fleet import ENGINE_PYTHON, ENGINE_VENV, REPO, run_workload
 from benchmarks.vllm_setups import QUICK_WORKLOADS, WORKLOADS
 
@@ -92,7 +92,8 @@ def measure(quick: bool, rounds: int | None = None, adapter_baseline: str | None
     # The other sections run after the workloads; one that fails is reported (and fails the run) without
     # losing the figures measured so far.
     results["failed"] = {}
-    for key, module in (("adapter", vllm_adapter_cost), ("export", export_cost)):
+    sections = (("adapter", vllm_adapter_cost), ("engine_core", engine_core_figures), ("export", export_cost))
+    for key, module in sections:
         if module is None:
             continue
         try:
@@ -159,6 +160,8 @@ def report(results: dict[str, Any]) -> str:
         lines += vllm_report.workload_lines(letter, result)
     if vllm_adapter_cost is not None and "adapter" in results:
         lines += [*vllm_adapter_cost.lines(results["adapter"]), ""]
+    if "engine_core" in results:
+        lines += [*engine_core_figures.lines(results["engine_core"]), ""]
     if export_cost is not None and "export" in results:
         lines += [*export_cost.lines(results["export"]), ""]
     for name, error in results.get("failed", {}).items():

@@ -172,7 +172,9 @@ def span_dicts(collected: Collected) -> list[dict[str, Any]]:
 
 
 def latest_points(collected: Collected, export_index: int | None = None) -> dict[str, list[dict[str, Any]]]:
-    """Metric points by name from one metrics export (default the latest that carried each metric).
+    """Metric points by name from one metrics export (default the latest that carried each metric,
+    for each resource: several processes, such as `vllm serve --api-server-count 2`'s API servers,
+    export their own streams, told apart by ``service.instance.id``).
 
     Cumulative temporality: the latest export of a metric holds its totals. Histogram points carry
     ``count`` and ``sum``, number points ``value``; every point has its ``attributes``.
@@ -180,10 +182,11 @@ def latest_points(collected: Collected, export_index: int | None = None) -> dict
     exports = collected.received("metrics")
     if export_index is not None:
         exports = [exports[export_index]]
-    points: dict[str, list[dict[str, Any]]] = {}
+    latest: dict[tuple[Any, str], list[dict[str, Any]]] = {}
     for export in exports:
-        seen: dict[str, list[dict[str, Any]]] = {}
+        seen: dict[tuple[Any, str], list[dict[str, Any]]] = {}
         for rm in export.request.resource_metrics:
+            resource = tuple(sorted((k, repr(v)) for k, v in attributes(rm.resource.attributes).items()))
             for sm in rm.scope_metrics:
                 for metric in sm.metrics:
                     kind = metric.WhichOneof("data")
@@ -194,8 +197,11 @@ def latest_points(collected: Collected, export_index: int | None = None) -> dict
                             entry.update(count=p.count, sum=p.sum)
                         else:
                             entry["value"] = p.as_int if p.WhichOneof("value") == "as_int" else p.as_double
-                        seen.setdefault(metric.name, []).append(entry)
-        points.update(seen)  # later exports replace earlier ones, metric by metric
+                        seen.setdefault((resource, metric.name), []).append(entry)
+        latest.update(seen)  # later exports replace earlier ones, metric by metric, resource by resource
+    points: dict[str, list[dict[str, Any]]] = {}
+    for (_, name), entries in latest.items():
+        points.setdefault(name, []).extend(entries)
     return points
 
 

@@ -71,6 +71,10 @@ def test_vllm_cost_quick_run_reports_six_variants_and_targets(tmp_path) -> None:
     assert all(NUMBER.match(v.strip()) for v in beside[3].split("/")), beside
     assert "main thread: process_outputs: outputs" in text  # the phases variant's breakdown
     assert "engine (vLLM installed, unused)" in text
+    assert "## otel_llm in vLLM's engine core: each step's added CPU" in text
+    for readmitted in ("0", "1", "4"):
+        cells = _row(text, f"| {readmitted} | ")
+        assert len(cells) == 4 and cells[1].endswith(" ns") and cells[2].endswith(" µs"), cells
 
     # What reached the receiver: every variant exported what it should, and only that.
     [workload] = json.loads(raw.read_text())["workloads"]

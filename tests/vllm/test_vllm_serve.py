@@ -17,6 +17,7 @@ Three servers of the tiny model (engine core in a spawned process, as always und
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -163,9 +164,10 @@ def prometheus(server: Server) -> dict[str, float]:
 
 
 @contextlib.contextmanager
-def serving(tmp: Path, service_name: str, *serve_extra: str) -> Iterator[Server]:
+def serving(tmp: Path, service_name: str, *serve_extra: str, **env_extra: str) -> Iterator[Server]:
     """``vllm serve`` on the route without the distro (``OTEL_LLM_VLLM_CONFIGURE=1``), OTLP/gRPC to a
-    real receiver; both stopped on the way out. ``serve_extra``: more ``vllm serve`` arguments."""
+    real receiver; both stopped on the way out. ``serve_extra``: more ``vllm serve`` arguments;
+    ``env_extra``: more of its environment."""
     receiver = GrpcReceiver()
     receiver.start()
     port = free_port()
@@ -176,6 +178,7 @@ def serving(tmp: Path, service_name: str, *serve_extra: str) -> Iterator[Server]
         OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
         OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
         **OTLP_FAST,
+        **env_extra,
     )
     command = [str(ENGINE_BIN / "vllm"), *serve_args(port, *serve_extra)]
     try:
@@ -183,6 +186,8 @@ def serving(tmp: Path, service_name: str, *serve_extra: str) -> Iterator[Server]
     except BaseException:
         receiver.stop()
         raise
+    if "RESCHEDULING_PROBE_OUT" in env_extra:
+        server.extra["probe"] = Path(env_extra["RESCHEDULING_PROBE_OUT"])
     try:
         yield server
     finally:
@@ -190,9 +195,18 @@ def serving(tmp: Path, service_name: str, *serve_extra: str) -> Iterator[Server]
         receiver.stop()
 
 
+PROBE = Path(__file__).resolve().parent / "rescheduling_probe"  # a test-only sitecustomize, see there
+
+
+def probe_env(tmp: Path) -> dict[str, str]:
+    """The environment that loads the rescheduling probe into every process of a server."""
+    return {"PYTHONPATH": str(PROBE), "RESCHEDULING_PROBE_OUT": str(tmp / "reschedulings.jsonl")}
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    with serving(tmp_path_factory.mktemp("vllm-serve"), "vllm-serve-test") as server:
+    tmp = tmp_path_factory.mktemp("vllm-serve")
+    with serving(tmp, "vllm-serve-test", **probe_env(tmp)) as server:
         server.extra.update(drive(server))
         wait_for_requests(server, server.extra["requests"])
         server.extra["prometheus"] = prometheus(server)
@@ -293,6 +307,73 @@ def test_served_disconnect_is_an_abort(served: Server) -> None:
     assert root["attributes"][sc.GEN_AI_RESPONSE_FINISH_REASONS] == [sc.REASON_ABORT]
     assert 3 <= root["attributes"][sc.GEN_AI_USAGE_OUTPUT_TOKENS] < 480  # it ended before its length
     assert root["status"] != 2  # an abort is not an error (OTLP STATUS_CODE_ERROR is 2)
+
+
+def probed_reschedulings(server: Server) -> list[dict[str, Any]]:
+    """The engine core's own record of each rescheduling (rescheduling_probe), in the order they came."""
+    path = server.extra["probe"]
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def assert_recompute_figures_are_the_engine_cores(server: Server) -> list[dict[str, Any]]:
+    """Every rescheduling the engine core's probe wrote down is on its request's ``llm.recompute`` span,
+    in order, with the same cached and to-compute tokens; the request's sums and otel_llm's counters
+    agree. Returns the probe's records."""
+    probed = probed_reschedulings(server)
+    assert probed, "12 streams on 20 KV blocks were meant to preempt and reschedule"
+    assert {p["pid"] for p in probed} != {server.proc.pid}, "the probe ran in the engine core, not the server"
+    expected: dict[str, list[tuple[int, int]]] = {}
+    for p in sorted(probed, key=lambda p: p["ts"]):
+        expected.setdefault(p["id"], []).append((p["cached"], p["to_compute"]))
+    spans = span_dicts(server.collected)
+    parent_of = {s["span_id"]: s["parent_id"] for s in spans}
+
+    def under(span: dict[str, Any], root: dict[str, Any]) -> bool:
+        at = span["parent_id"]
+        while at is not None and at != root["span_id"]:
+            at = parent_of.get(at)
+        return at == root["span_id"]
+
+    recomputes = sorted((s for s in spans if s["name"] == sc.SPAN_RECOMPUTE), key=lambda s: s["start"])
+    got: dict[str, list[tuple[int, int]]] = {}
+    sums: dict[str, tuple[int, int]] = {}
+    for root in (s for s in spans if s["name"] == sc.SPAN_REQUEST):
+        mine = [s for s in recomputes if s["trace_id"] == root["trace_id"] and under(s, root)]
+        if mine:
+            vllm_id = root["attributes"][sc.VLLM_REQUEST_ID]
+            got[vllm_id] = [
+                (a.get(sc.LLM_RECOMPUTE_CACHED_TOKENS), a.get(sc.LLM_RECOMPUTE_TOKENS))
+                for a in (s["attributes"] for s in mine)
+            ]
+            sums[vllm_id] = (
+                root["attributes"].get(sc.LLM_PREEMPTIONS_RECOMPUTE_CACHED_TOKENS),
+                root["attributes"].get(sc.LLM_PREEMPTIONS_RECOMPUTE_TOKENS),
+            )
+    assert got == expected
+    assert sums == {
+        rid: (sum(c for c, _ in figures), sum(t for _, t in figures)) for rid, figures in expected.items()
+    }
+    expected_counts = (sum(p["to_compute"] for p in probed), sum(p["cached"] for p in probed))
+
+    def counted(collected: object) -> tuple[float, float]:
+        points = latest_points(server.collected)
+        return tuple(  # type: ignore[return-value]
+            total(points.get(name, []), "value")
+            for name in (sc.METRIC_RECOMPUTE_TOKENS, sc.METRIC_RECOMPUTE_CACHED_TOKENS)
+        )
+
+    # Each serving process exports its metrics every 500 ms: the last export may follow the spans.
+    server.collected.wait_until(lambda c: counted(c) == expected_counts, timeout_s=WAIT_S)
+    assert counted(server.collected) == expected_counts
+    assert "did not say what it found cached" not in server.output()
+    return probed
+
+
+def test_served_recompute_figures_equal_the_engine_cores_own(served: Server) -> None:
+    """Under ``vllm serve`` the scheduler runs in the engine-core process; what each rescheduling found
+    cached and had to recompute reaches the request's trace from there (engine_core_figures)."""
+    probed = assert_recompute_figures_are_the_engine_cores(served)
+    assert any(p["cached"] > 0 for p in probed), "a rescheduling that found its own blocks still cached"
 
 
 def test_served_counters_equal_the_servers_own_metrics(served: Server) -> None:

@@ -3,7 +3,7 @@ the default export mode, its own export process; one engine core. Every request'
 and exactly once, from whichever API server handled it.
 
 Set up as ``served`` in test_vllm_serve.py is (``serving``: ``OTEL_LLM_VLLM_CONFIGURE=1``, gRPC to a
-real receiver).
+real receiver, the rescheduling probe in the engine core).
 """
 
 from __future__ import annotations
@@ -14,7 +14,14 @@ from collections.abc import Iterator
 import pytest
 from engine_tier import Server, needs_engine, span_dicts
 from process_tree import export_processes_below
-from test_vllm_serve import STREAMS, concurrent_streams, roots_by_client_id, serving
+from test_vllm_serve import (
+    STREAMS,
+    assert_recompute_figures_are_the_engine_cores,
+    concurrent_streams,
+    probe_env,
+    roots_by_client_id,
+    serving,
+)
 
 from otel_llm import semconv as sc
 
@@ -25,7 +32,7 @@ WAIT_S = 60.0
 @pytest.fixture(scope="module")
 def two_api_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("vllm-serve-api-servers")
-    with serving(tmp, "vllm-api-servers", "--api-server-count", "2") as server:
+    with serving(tmp, "vllm-api-servers", "--api-server-count", "2", **probe_env(tmp)) as server:
         # Two rounds of streams: enough connections that both API servers take some.
         server.extra["streams"] = concurrent_streams(server) + concurrent_streams(server)
 
@@ -57,3 +64,13 @@ def test_every_request_is_one_whole_trace_exactly_once(two_api_servers: Server) 
 
 def test_each_api_server_has_its_export_process(two_api_servers: Server) -> None:
     assert two_api_servers.extra["export_processes"] == 2
+
+
+def test_each_api_server_gets_its_requests_recompute_figures_from_the_engine_core(
+    two_api_servers: Server,
+) -> None:
+    """The API servers and the engine core are children of one launcher here: each API server listens
+    under the launcher's pid and its client index, and the engine core sends each rescheduling's figures
+    to the API server whose request it is."""
+    probed = assert_recompute_figures_are_the_engine_cores(two_api_servers)
+    assert {p["client"] for p in probed} == {0, 1}, "reschedulings of requests from both API servers"

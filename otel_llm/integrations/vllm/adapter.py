@@ -12,10 +12,11 @@ The engine's own state (KV-cache usage, running and waiting requests, prefix-cac
 decoding counts, tokens per step) comes once per engine step from vLLM's ``SchedulerStats``, which the
 frontend hands to ``OutputProcessor.update_scheduler_stats`` after the step's outputs (see
 ``engine_state``); each request's prefix-cache hits ride on its first output, next to its first SCHEDULED
-event, and go to the tracker with it. What a rescheduling after a preemption found cached is known only
-where the engine core runs in this process (``rescheduling``); it goes with that SCHEDULED event. There
-too, what each step computed per request (``SchedulerOutput.num_scheduled_tokens``) goes to the trackers'
-``batch()`` when the step's outputs arrive (``compositions``), so the trackers explain stalls.
+event, and go to the tracker with it. What a rescheduling after a preemption found cached comes from the
+engine core, in this process or sent from its own (``rescheduling``, ``engine_core_figures``); it goes
+with that SCHEDULED event. Where the engine core runs in this process, what each step computed per
+request (``SchedulerOutput.num_scheduled_tokens``) goes to the trackers' ``batch()`` when the step's
+outputs arrive (``compositions``), so the trackers explain stalls.
 
 Nothing here imports vLLM: outputs and requests are read by attribute name, enum members by name, so a
 vLLM build that renumbers its enums keeps working.
@@ -132,8 +133,8 @@ class VLLMAdapter:
     def __init__(
         self, tracker_for: TrackerFor, model: str | None = None, reschedulings: Reschedulings | None = None
     ) -> None:
-        """``reschedulings``: what an in-process engine core's scheduler found cached when it
-        rescheduled preempted requests (None: not known, as with the engine core in another process)."""
+        """``reschedulings``: what vLLM's engine core found cached when it rescheduled preempted requests,
+        in this process or sent from its own (None: not known)."""
         self._tracker_for = tracker_for
         self.model = model
         self._reschedulings = reschedulings
@@ -142,6 +143,8 @@ class VLLMAdapter:
         self._choices: dict[str, Choices] = {}  # by vLLM's parent request id, while choices run
         self._choice_of: dict[str, Choices] = {}  # child request id -> its parent's Choices
         self._warned_no_events = False
+        # Requests whose PREEMPTED event was replayed and whose next SCHEDULED (their rescheduling) not yet.
+        self._evicted: set[str] = set()
         # Steps an in-process scheduler scheduled for these requests, until their outputs arrive.
         self._compositions = Compositions()
         self._batch_failed = False
@@ -526,6 +529,7 @@ class VLLMAdapter:
             gone = [rid for rid, tracker in self._live.items() if rid not in tracker]
             for rid in gone:
                 del self._live[rid]
+                self._evicted.discard(rid)
                 self._remote_decode.discard(rid)
                 self._handing_off.discard(rid)
                 self._child_gone(rid, now)
@@ -577,12 +581,15 @@ class VLLMAdapter:
             if request_id in self._pending:
                 self._open(request_id, ts)  # QUEUED lost: the first event we see stands in for it
             if kind == "SCHEDULED":
-                if cached is None and self._reschedulings is not None:
-                    cached = self._reschedulings.take(request_id, ts)
+                if request_id in self._evicted:
+                    self._evicted.discard(request_id)
+                    if cached is None and self._reschedulings is not None:
+                        cached = self._reschedulings.take_rescheduling(request_id, ts)
                 self._schedule(request_id, ts, cached)
                 cached = None  # the first scheduling's figure is that SCHEDULED event's alone
             elif kind == "PREEMPTED":
                 self._live[request_id].preempted([request_id], ts=ts)
+                self._evicted.add(request_id)
 
     def _schedule(self, request_id: str, ts: float, cached: int | None) -> None:
         """SCHEDULED, with the tokens found in the prefix cache when known: the prompt's at the first
@@ -619,6 +626,7 @@ class VLLMAdapter:
 
     def _finish(self, request_id: str, reason: str, ts: float, error: str | None) -> None:
         tracker = self._live.pop(request_id)
+        self._evicted.discard(request_id)
         if self._reschedulings is not None:
             self._reschedulings.forget(request_id)
         if self._remote_decode:

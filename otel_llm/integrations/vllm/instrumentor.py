@@ -28,6 +28,7 @@ import os
 import sys
 import threading
 import time
+import uuid
 import weakref
 from collections.abc import Callable, Collection, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -37,7 +38,8 @@ from otel_llm.integrations import import_hook
 from otel_llm.integrations.patching import Patch, guarded, warn_once
 from otel_llm.integrations.vllm.adapter import VLLMAdapter
 from otel_llm.integrations.vllm.compositions import recomputing
-from otel_llm.integrations.vllm.rescheduling import Reschedulings
+from otel_llm.integrations.vllm.engine_core_figures import EngineCoreFigures, FrontendFigures, frontend_key
+from otel_llm.integrations.vllm.rescheduling import Reschedulings, rescheduled
 from otel_llm.server_attributes import server_attributes
 
 if TYPE_CHECKING:
@@ -107,6 +109,10 @@ class VLLMInstrumentor:
     _schedulers: ClassVar[weakref.WeakSet[Any]] = weakref.WeakSet()  # engine cores in this process
     # What those engine cores found cached when they rescheduled preempted requests, for the adapters.
     _reschedulings: ClassVar[Reschedulings] = Reschedulings()
+    # In an engine core whose frontend is another process: sends it those figures (engine_core_figures).
+    _engine_core_figures: ClassVar[EngineCoreFigures | None] = None
+    # In a frontend: the sockets its engine cores send figures to, by (pid, client index).
+    _frontend_figures: ClassVar[dict[tuple[int, int], FrontendFigures]] = {}
     telemetry: ClassVar[Any] = None  # the Telemetry of OTEL_LLM_VLLM_CONFIGURE=1, once built
     # Under `vllm serve`: server.address / server.port as the API server bound them (None: no API server
     # in this process, e.g. LLM.generate(), so no server attribute and no gen_ai.response.model).
@@ -136,6 +142,7 @@ class VLLMInstrumentor:
             VLLMInstrumentor._trackers = {}
             VLLMInstrumentor._adapters = weakref.WeakKeyDictionary()
             VLLMInstrumentor._reschedulings = Reschedulings()
+            VLLMInstrumentor._engine_core_figures = EngineCoreFigures()
             if "vllm" in sys.modules:
                 _patch_vllm()
                 return
@@ -164,6 +171,10 @@ class VLLMInstrumentor:
             VLLMInstrumentor._server, VLLMInstrumentor._lora = None, False
             VLLMInstrumentor._adapters = weakref.WeakKeyDictionary()
             VLLMInstrumentor._reschedulings = Reschedulings()
+            VLLMInstrumentor._engine_core_figures = None
+            for figures in VLLMInstrumentor._frontend_figures.values():
+                figures.close()
+            VLLMInstrumentor._frontend_figures = {}
             VLLMInstrumentor._tracker = None
             VLLMInstrumentor._trackers = {}
 
@@ -243,7 +254,11 @@ def _configure_if_asked(options: dict[str, Any]) -> None:
         # vLLM's own --otlp-traces-endpoint sets the global TracerProvider before the first request;
         # then ours stay private (passed to the trackers) and each exports to its own endpoint.
         set_global = isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
-        VLLMInstrumentor.telemetry = configure(set_global=set_global)
+        # One instance per process: `vllm serve --api-server-count N` runs N API servers, each with its
+        # own cumulative metrics; under one service.instance.id their streams would overwrite each
+        # other in a backend. OTEL_RESOURCE_ATTRIBUTES still wins (configure() gives it precedence).
+        instance = {"service.instance.id": uuid.uuid4().hex}
+        VLLMInstrumentor.telemetry = configure(set_global=set_global, resource_attributes=instance)
         atexit.register(VLLMInstrumentor.telemetry.shutdown)
     options.setdefault("tracer_provider", VLLMInstrumentor.telemetry.tracer_provider)
     options.setdefault("meter_provider", VLLMInstrumentor.telemetry.meter_provider)
@@ -429,12 +444,21 @@ def _stats_on(original: Callable[..., None]) -> Callable[..., None]:
 
 def _note_reschedulings(original: Callable[..., Any]) -> Callable[..., Any]:
     """Scheduler.schedule, then what its reschedulings found cached and what the step computes per
-    request, kept while a frontend in this process is instrumented (with the engine core in its own
-    process there is none: nothing is kept, one dict check per step)."""
+    request, kept while a frontend in this process is instrumented. With none here (an engine core in
+    its own process) only the reschedulings' figures go to the frontend (engine_core_figures): a step
+    that re-admits no preempted request costs two attribute reads."""
 
     def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not VLLMInstrumentor._adapters:
-            return original(self, *args, **kwargs)
+            output = original(self, *args, **kwargs)
+            sender = VLLMInstrumentor._engine_core_figures
+            # Inline, not a call: this runs on every step, and most steps re-admit nothing.
+            if sender is not None and (
+                getattr(getattr(output, "scheduled_cached_reqs", None), "resumed_req_ids", None)
+                or getattr(output, "scheduled_new_reqs", None)
+            ):
+                _guarded("schedule", _send_figures, sender, self, output)
+            return output
         ts = time.monotonic()  # when the step's scheduling began: the start of its batch()
         output = original(self, *args, **kwargs)
         _guarded("schedule", _noted, self, output, ts)
@@ -442,6 +466,12 @@ def _note_reschedulings(original: Callable[..., Any]) -> Callable[..., Any]:
 
     schedule.__wrapped__ = original  # type: ignore[attr-defined]
     return schedule
+
+
+def _send_figures(sender: EngineCoreFigures, scheduler: Any, output: Any) -> None:
+    found = rescheduled(scheduler, output)
+    if found:
+        sender.send(found)
 
 
 def _noted(scheduler: Any, output: Any, ts: float) -> None:
@@ -475,9 +505,36 @@ def _model_from_config(original: Callable[..., None]) -> Callable[..., None]:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
         _guarded("engine init", _note_model, self)
+        _guarded("engine init", _listen_for_figures, original, self, args, kwargs)
 
     __init__.__wrapped__ = original  # type: ignore[attr-defined]
     return __init__
+
+
+def _listen_for_figures(original: Callable[..., None], engine: Any, args: Any, kwargs: Any) -> None:
+    """Open the socket this frontend's engine cores send their reschedulings' figures to (one per key in
+    a process; with the engine core in this process nothing ever arrives there)."""
+    import inspect
+
+    try:
+        bound = inspect.signature(original).bind(engine, *args, **kwargs).arguments
+    except (TypeError, ValueError):
+        bound = dict(kwargs)
+    key = frontend_key(bound)
+    with VLLMInstrumentor._lock:
+        if key in VLLMInstrumentor._frontend_figures or VLLMInstrumentor._patch is None:
+            return
+        try:
+            figures = FrontendFigures(*key)
+        except OSError as exc:
+            _warn_once(
+                "otel_llm: cannot receive what vLLM's engine core finds cached at reschedulings (%s); "
+                "llm.recompute spans will carry no token figures",
+                exc,
+            )
+            return
+        VLLMInstrumentor._frontend_figures[key] = figures
+        VLLMInstrumentor._reschedulings.sources.append(figures.drain)
 
 
 def _note_model(engine: Any) -> None:

@@ -1,0 +1,132 @@
+"""What otel_llm adds to each step of vLLM's engine core when that core runs in its own process.
+
+``python -m benchmarks.engine_core_figures`` prints a Markdown section. In an engine-core process the
+instrumentor's ``Scheduler.schedule`` wrapper checks each ``SchedulerOutput`` for re-admitted
+(preempted) requests and, when there are some, writes their cached-token figures to the frontend's
+Unix socket, one write per step (``otel_llm.integrations.vllm.engine_core_figures``). This times that
+wrapper around a ``schedule`` that returns a ready output, against the bare ``schedule``, interleaved:
+a plain decode step (nothing re-admitted), and steps re-admitting 1 and 4 preempted requests, sent to
+a real receiving socket in this process (read every 20 steps, untimed, as the frontend reads each
+figure when it replays the rescheduling).
+
+vLLM itself is not needed: the output and requests are plain objects with the attributes the wrapper
+reads from vLLM 0.32/0.33 (``scheduled_cached_reqs.resumed_req_ids`` / ``req_ids`` /
+``num_computed_tokens``, ``scheduled_new_reqs``, and per request ``events`` and ``client_index``), so
+the figure is the wrapper's own cost, not the scheduler's. CPU nanoseconds per step (process time),
+median of rounds.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from types import SimpleNamespace
+from typing import Any
+
+from benchmarks.timing import compare
+from otel_llm.integrations.vllm.engine_core_figures import EngineCoreFigures, FrontendFigures
+from otel_llm.integrations.vllm.instrumentor import VLLMInstrumentor, _note_reschedulings
+
+STEPS = 2000  # schedule() calls per round
+ROUNDS = 15
+BATCH = 64  # requests running in every step
+# Steps between two reads of the receiving socket: well within what its buffer holds, as a frontend
+# reads each one when it replays the rescheduling (one step later).
+DRAIN_EVERY = 20
+
+
+def scheduler_and_outputs(resumed: int) -> tuple[Any, Any]:
+    """A scheduler holding ``BATCH`` requests and one step's output re-admitting ``resumed`` of them."""
+    scheduled = SimpleNamespace(name="SCHEDULED")
+    requests = {
+        f"cmpl-{k:016x}-0-{k:08x}": SimpleNamespace(
+            events=[SimpleNamespace(type=scheduled, timestamp=1000.0 + k)], client_index=0, num_preemptions=1
+        )
+        for k in range(BATCH)
+    }
+    ids = list(requests)
+    cached_reqs = SimpleNamespace(
+        req_ids=ids, num_computed_tokens=[32 * k for k in range(BATCH)], resumed_req_ids=set(ids[:resumed])
+    )
+    output = SimpleNamespace(scheduled_cached_reqs=cached_reqs, scheduled_new_reqs=[])
+    return SimpleNamespace(requests=requests), output
+
+
+def measure(quick: bool = False) -> dict[str, Any]:
+    """The wrapper's CPU per step, bare and with otel_llm, for steps re-admitting 0, 1 and 4 requests."""
+    receiver = FrontendFigures(os.getpid(), 0)
+    sender = EngineCoreFigures()
+    sender._parent = os.getpid()  # this process stands in for the frontend
+    saved = VLLMInstrumentor._engine_core_figures, VLLMInstrumentor._adapters
+    VLLMInstrumentor._engine_core_figures = sender
+    VLLMInstrumentor._adapters = type(saved[1])()  # an engine core: no frontend in this process
+    try:
+        variants = {}
+        for resumed in (0, 1, 4):
+            scheduler, output = scheduler_and_outputs(resumed)
+
+            def bare(self: Any, output: Any = output) -> Any:
+                return output
+
+            wrapped = _note_reschedulings(bare)
+            variants[("bare", resumed)] = _round(bare, scheduler, receiver)
+            variants[("otel_llm", resumed)] = _round(wrapped, scheduler, receiver)
+        timings = compare({f"{k[0]}-{k[1]}": v for k, v in variants.items()}, 3 if quick else ROUNDS)
+    finally:
+        VLLMInstrumentor._engine_core_figures, VLLMInstrumentor._adapters = saved
+        receiver.close()
+    rows = []
+    for resumed in (0, 1, 4):
+        bare_ns = timings[f"bare-{resumed}"].median_ns
+        ours_ns = timings[f"otel_llm-{resumed}"].median_ns
+        rows.append({"resumed": resumed, "bare_ns": bare_ns, "added_ns": ours_ns - bare_ns})
+    return {"rows": rows, "sent": sender.sent, "lost": sender.lost, "received": receiver.received}
+
+
+def _round(schedule: Any, scheduler: Any, receiver: FrontendFigures) -> Any:
+    def run() -> tuple[int, int]:
+        clock = time.process_time_ns
+        elapsed = 0
+        for _ in range(STEPS // DRAIN_EVERY):
+            start = clock()
+            for _ in range(DRAIN_EVERY):
+                schedule(scheduler)
+            elapsed += clock() - start
+            receiver.drain()  # untimed: the frontend's work, not the engine core's
+        return elapsed, STEPS
+
+    return run
+
+
+def lines(result: dict[str, Any]) -> list[str]:
+    out = [
+        "## otel_llm in vLLM's engine core: each step's added CPU",
+        "",
+        f"`python -m benchmarks.engine_core_figures` ({STEPS} steps a round, {ROUNDS} rounds, a batch of "
+        f"{BATCH} requests; its docstring has the method). CPU per `schedule()` call; the added part is "
+        "the wrapper's (the check for re-admitted requests and, when there are some, one socket write to the "
+        "frontend). Target (issue 29): at most 2 µs per re-admitted request, nothing on a plain step.",
+        "",
+        "| re-admitted in the step | bare `schedule()` | added by otel_llm | added per re-admitted request |",
+        "|---|---|---|---|",
+    ]
+    for row in result["rows"]:
+        per = f"{row['added_ns'] / row['resumed'] / 1000:.2f} µs" if row["resumed"] else "-"
+        out.append(
+            f"| {row['resumed']} | {row['bare_ns']:.0f} ns | {row['added_ns'] / 1000:.2f} µs | {per} |"
+        )
+    out += [
+        "",
+        f"Figures sent {result['sent']}, lost {result['lost']}, received {result['received']}.",
+    ]
+    return out
+
+
+def main() -> None:
+    import sys
+
+    print("\n".join(lines(measure("--quick" in sys.argv[1:]))))
+
+
+if __name__ == "__main__":
+    main()
