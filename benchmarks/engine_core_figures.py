@@ -3,11 +3,14 @@
 ``python -m benchmarks.engine_core_figures`` prints a Markdown section. In an engine-core process the
 instrumentor's ``Scheduler.schedule`` wrapper checks each ``SchedulerOutput`` for re-admitted
 (preempted) requests and, when there are some, writes their cached-token figures to the frontend's
-Unix socket, one write per step (``otel_llm.integrations.vllm.engine_core_figures``). This times that
-wrapper around a ``schedule`` that returns a ready output, against the bare ``schedule``, interleaved:
-a plain decode step (nothing re-admitted), and steps re-admitting 1 and 4 preempted requests, sent to
-a real receiving socket in this process (read every 20 steps, untimed, as the frontend reads each
-figure when it replays the rescheduling).
+Unix socket, one write per step; and every step it writes the step's line (what it computes per
+request, for the frontend's stall figures) there too (``otel_llm.integrations.vllm.engine_core_figures``).
+This times that wrapper around a ``schedule`` that returns a ready output, against the bare
+``schedule``, interleaved: a plain decode step (nothing re-admitted), and steps re-admitting 1 and 4
+preempted requests (each recomputing 32 tokens), sent to a real receiving socket in this process (read
+every 20 steps, untimed, as the frontend reads as outputs arrive); the wrapper with the reschedulings'
+figures alone (no frontend known to send steps to) and with the step line too (a frontend known, as
+always once a request came).
 
 vLLM itself is not needed: the output and requests are plain objects with the attributes the wrapper
 reads from vLLM 0.32/0.33 (``scheduled_cached_reqs.resumed_req_ids`` / ``req_ids`` /
@@ -28,6 +31,7 @@ from otel_llm.integrations.vllm.engine_core_figures import EngineCoreFigures, Fr
 from otel_llm.integrations.vllm.instrumentor import VLLMInstrumentor, _note_reschedulings
 
 STEPS = 2000  # schedule() calls per round
+QUICK_STEPS = 200  # with --quick: the numbers mean little, the paths all run
 ROUNDS = 15
 BATCH = 64  # requests running in every step
 # Steps between two reads of the receiving socket: well within what its buffer holds, as a frontend
@@ -48,7 +52,16 @@ def scheduler_and_outputs(resumed: int) -> tuple[Any, Any]:
     cached_reqs = SimpleNamespace(
         req_ids=ids, num_computed_tokens=[32 * k for k in range(BATCH)], resumed_req_ids=set(ids[:resumed])
     )
-    output = SimpleNamespace(scheduled_cached_reqs=cached_reqs, scheduled_new_reqs=[])
+    scheduled = {rid: 32 if k < resumed else 1 for k, rid in enumerate(ids)}
+    output = SimpleNamespace(
+        scheduled_cached_reqs=cached_reqs,
+        scheduled_new_reqs=[],
+        num_scheduled_tokens=scheduled,
+        total_num_scheduled_tokens=sum(scheduled.values()),
+    )
+    for k, rid in enumerate(ids):  # after schedule(): the step's tokens counted as computed
+        requests[rid].num_computed_tokens = 32 * k + scheduled[rid]
+        requests[rid].num_tokens = 32 * k + (64 if k < resumed else 1)
     return SimpleNamespace(requests=requests), output
 
 
@@ -69,8 +82,10 @@ def measure(quick: bool = False) -> dict[str, Any]:
                 return output
 
             wrapped = _note_reschedulings(bare)
-            variants[("bare", resumed)] = _round(bare, scheduler, receiver)
-            variants[("otel_llm", resumed)] = _round(wrapped, scheduler, receiver)
+            steps = QUICK_STEPS if quick else STEPS
+            variants[("bare", resumed)] = _round(bare, scheduler, receiver, sender, set(), steps)
+            variants[("figures", resumed)] = _round(wrapped, scheduler, receiver, sender, set(), steps)
+            variants[("steps", resumed)] = _round(wrapped, scheduler, receiver, sender, {0}, steps)
         timings = compare({f"{k[0]}-{k[1]}": v for k, v in variants.items()}, 3 if quick else ROUNDS)
     finally:
         VLLMInstrumentor._engine_core_figures, VLLMInstrumentor._adapters = saved
@@ -78,22 +93,43 @@ def measure(quick: bool = False) -> dict[str, Any]:
     rows = []
     for resumed in (0, 1, 4):
         bare_ns = timings[f"bare-{resumed}"].median_ns
-        ours_ns = timings[f"otel_llm-{resumed}"].median_ns
-        rows.append({"resumed": resumed, "bare_ns": bare_ns, "added_ns": ours_ns - bare_ns})
-    return {"rows": rows, "sent": sender.sent, "lost": sender.lost, "received": receiver.received}
+        rows.append(
+            {
+                "resumed": resumed,
+                "bare_ns": bare_ns,
+                "added_ns": timings[f"figures-{resumed}"].median_ns - bare_ns,
+                "added_with_steps_ns": timings[f"steps-{resumed}"].median_ns - bare_ns,
+            }
+        )
+    return {
+        "rows": rows,
+        "sent": sender.sent,
+        "lost": sender.lost + sender.steps_lost,
+        "received": receiver.received,
+        "steps_sent": sender.steps_sent,
+    }
 
 
-def _round(schedule: Any, scheduler: Any, receiver: FrontendFigures) -> Any:
+def _round(
+    schedule: Any,
+    scheduler: Any,
+    receiver: FrontendFigures,
+    sender: EngineCoreFigures,
+    clients: set[int],
+    steps: int,
+) -> Any:
     def run() -> tuple[int, int]:
+        sender.clients = clients  # none known: the reschedulings' figures alone
         clock = time.process_time_ns
         elapsed = 0
-        for _ in range(STEPS // DRAIN_EVERY):
+        for _ in range(steps // DRAIN_EVERY):
             start = clock()
             for _ in range(DRAIN_EVERY):
                 schedule(scheduler)
             elapsed += clock() - start
             receiver.drain()  # untimed: the frontend's work, not the engine core's
-        return elapsed, STEPS
+            receiver.take_steps()
+        return elapsed, steps
 
     return run
 
@@ -104,20 +140,26 @@ def lines(result: dict[str, Any]) -> list[str]:
         "",
         f"`python -m benchmarks.engine_core_figures` ({STEPS} steps a round, {ROUNDS} rounds, a batch of "
         f"{BATCH} requests; its docstring has the method). CPU per `schedule()` call; the added part is "
-        "the wrapper's (the check for re-admitted requests and, when there are some, one socket write to the "
-        "frontend). Target (issue 29): at most 2 µs per re-admitted request, nothing on a plain step.",
+        "the wrapper's: the check for re-admitted requests and, when there are some, one socket write of "
+        "their figures to the frontend; then, with a frontend known (as always once a request came), the "
+        "step's line for the frontend's stall figures, every step, in the same write. Target for the figures "
+        "(issue 29): at most 2 µs per re-admitted request, nothing on a plain step; the step line is the "
+        "cost of stall figures under `vllm serve` (issue 31).",
         "",
-        "| re-admitted in the step | bare `schedule()` | added by otel_llm | added per re-admitted request |",
-        "|---|---|---|---|",
+        "| re-admitted in the step | bare `schedule()` | added: figures | added per re-admitted request "
+        "| added: figures and the step line |",
+        "|---|---|---|---|---|",
     ]
     for row in result["rows"]:
         per = f"{row['added_ns'] / row['resumed'] / 1000:.2f} µs" if row["resumed"] else "-"
         out.append(
-            f"| {row['resumed']} | {row['bare_ns']:.0f} ns | {row['added_ns'] / 1000:.2f} µs | {per} |"
+            f"| {row['resumed']} | {row['bare_ns']:.0f} ns | {row['added_ns'] / 1000:.2f} µs | {per} "
+            f"| {row['added_with_steps_ns'] / 1000:.2f} µs |"
         )
     out += [
         "",
-        f"Figures sent {result['sent']}, lost {result['lost']}, received {result['received']}.",
+        f"Figures sent {result['sent']}, step lines {result['steps_sent']}, lost {result['lost']}, "
+        f"figures received {result['received']}.",
     ]
     return out
 

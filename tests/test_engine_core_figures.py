@@ -20,6 +20,7 @@ from otel_llm.integrations.vllm.engine_core_figures import (
     address,
     decode,
     encode,
+    encode_step,
 )
 from otel_llm.integrations.vllm.rescheduling import Reschedulings
 
@@ -56,6 +57,82 @@ def test_a_child_engine_cores_figures_reach_the_frontend_of_its_client_exactly()
     finally:
         first.close()
         second.close()
+
+
+def engine_core_steps(steps: list[tuple[float, dict[str, int], list[str] | None]], clients: list[int]) -> int:
+    """Send ``steps`` from a child process, as an engine core does after learning ``clients``; returns the
+    step lines it wrote."""
+    code = textwrap.dedent(
+        f"""
+        from otel_llm.integrations.vllm.engine_core_figures import EngineCoreFigures
+        sender = EngineCoreFigures()
+        sender.clients.update({clients!r})
+        for ts, scheduled, recompute in {steps!r}:
+            sender.send([], (ts, scheduled, sum(scheduled.values()), recompute))
+        print(sender.steps_sent, sender.steps_lost)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    sent, lost = map(int, done.stdout.split())
+    assert lost == 0
+    return sent
+
+
+def test_a_steps_figures_and_its_line_arrive_together() -> None:
+    frontend = FrontendFigures(os.getpid(), 12)
+    try:
+        sender = EngineCoreFigures()
+        sender._parent = os.getpid()
+        sender.clients = {12}
+        sender.send([("req-1", TS, 64, 12)], (TS, {"req-1": 32, "req-2": 1}, 33, ["req-1"]))
+        assert (sender.sent, sender.steps_sent, sender.lost, sender.steps_lost) == (1, 1, 0, 0)
+        assert frontend.drain() == [("req-1", TS, 64)]
+        assert frontend.take_steps() == [(TS, {"req-1": 32, "req-2": 1}, ["req-1"])]
+    finally:
+        frontend.close()
+
+
+def test_a_child_engine_cores_steps_reach_every_frontend_it_knows_in_order() -> None:
+    """Each step goes to the frontend of every client index seen (a request's stalls come from the whole
+    step, whichever API server its other requests came through); a decode step, a prefill chunk beside
+    decodes, a recompute, and an id with a space (dropped: its count disagrees)."""
+    first, second = FrontendFigures(os.getpid(), 10), FrontendFigures(os.getpid(), 11)
+    steps = [
+        (TS, {"cmpl-a-0": 1, "cmpl-b-0": 1}, None),
+        (TS + 0.01, {"cmpl-a-0": 1, "cmpl-c-0": 512, "cmpl-b-0": 1}, None),
+        (TS + 0.02, {"cmpl-b-0": 1, "cmpl-a-0": 97}, ["cmpl-a-0"]),
+        (TS + 0.03, {"cmpl d 0": 1}, None),
+        (TS + 0.04, {"cmpl-b-0": 2}, None),
+    ]
+    try:
+        assert engine_core_steps(steps, [10, 11]) == 2 * len(steps)
+        for frontend in (first, second):
+            assert frontend.drain() == []  # no figure, only steps
+            assert frontend.take_steps() == [steps[0], steps[1], steps[2], steps[4]]
+            assert frontend.take_steps() == []  # taken once
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_step_line_that_does_not_parse_is_dropped() -> None:
+    good = encode_step(2.5, {"a": 3, "b": 1}, 4, ["a"])
+    assert good == b"S 2.5 2 3,1 0 a b\n"
+    assert encode_step(1.0, {"a": 1, "b": 1}, 2, None) == b"S 1.0 2 - - a b\n"  # a decode step: no counts
+    bad = [
+        b"S 1.0 3 - - a b",  # three requests said, two named
+        b"S 1.0 2 1 - a b",  # one count for two
+        b"S 1.0 2 0,1 - a b",  # a request computing nothing
+        b"S 1.0 2 - 2 a b",  # a recompute position past the end
+        b"S nan 1 - - a",
+        b"S 1.0 x - - a",
+        b"S 1.0 1 -",
+    ]
+    steps: list = []
+    assert decode(b"\n".join([*bad, good]) + b"\n", steps) == []
+    assert steps == [(2.5, {"a": 3, "b": 1}, ["a"])]
+    assert decode(good) == []  # a reader of figures only drops steps
 
 
 def test_with_no_frontend_listening_the_engine_core_loses_quietly_and_stops_trying() -> None:
@@ -188,5 +265,7 @@ def test_the_engine_core_benchmark_measures_each_step_kind_and_loses_nothing() -
     assert [row["resumed"] for row in result["rows"]] == [0, 1, 4]
     assert all(row["bare_ns"] > 0 for row in result["rows"])
     assert result["lost"] == 0 and result["received"] == result["sent"] > 0
+    assert result["steps_sent"] > 0  # the variant with a frontend known wrote each step's line
     table = [line for line in engine_core_figures.lines(result) if line.startswith("| ")]
     assert len(table) == 1 + 3 and all("nan" not in line for line in table)  # the header, a row per kind
+    assert all(line.count("|") == 6 for line in table)  # five columns: the step line's cost among them

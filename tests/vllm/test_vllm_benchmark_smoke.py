@@ -74,7 +74,8 @@ def test_vllm_cost_quick_run_reports_six_variants_and_targets(tmp_path) -> None:
     assert "## otel_llm in vLLM's engine core: each step's added CPU" in text
     for readmitted in ("0", "1", "4"):
         cells = _row(text, f"| {readmitted} | ")
-        assert len(cells) == 4 and cells[1].endswith(" ns") and cells[2].endswith(" µs"), cells
+        assert len(cells) == 5 and cells[1].endswith(" ns"), cells
+        assert cells[2].endswith(" µs") and cells[4].endswith(" µs"), cells  # figures; and the step line
 
     # What reached the receiver: every variant exported what it should, and only that.
     [workload] = json.loads(raw.read_text())["workloads"]

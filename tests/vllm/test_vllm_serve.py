@@ -151,10 +151,11 @@ def summed(points: list[dict[str, Any]]) -> dict[str, float]:
     return {"count": total(points, "count"), "sum": total(points, "sum")}
 
 
-def prometheus(server: Server) -> dict[str, float]:
-    """The server's /metrics as name -> value, summed over label sets (``_sum`` / ``_count`` kept)."""
+def prometheus(server: Server, text: str | None = None) -> dict[str, float]:
+    """The server's /metrics (or ``text`` read from there) as name -> value, summed over label sets
+    (``_sum`` / ``_count`` kept)."""
     values: dict[str, float] = {}
-    for family in prometheus_parser.text_string_to_metric_families(server.prometheus()):
+    for family in prometheus_parser.text_string_to_metric_families(text or server.prometheus()):
         for sample in family.samples:
             values[sample.name] = values.get(sample.name, 0.0) + sample.value
     return values
@@ -209,7 +210,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     with serving(tmp, "vllm-serve-test", **probe_env(tmp)) as server:
         server.extra.update(drive(server))
         wait_for_requests(server, server.extra["requests"])
-        server.extra["prometheus"] = prometheus(server)
+        server.extra["prometheus_text"] = server.prometheus()
+        server.extra["prometheus"] = prometheus(server, server.extra["prometheus_text"])
         yield server
 
 
@@ -309,10 +311,50 @@ def test_served_disconnect_is_an_abort(served: Server) -> None:
     assert root["status"] != 2  # an abort is not an error (OTLP STATUS_CODE_ERROR is 2)
 
 
-def probed_reschedulings(server: Server) -> list[dict[str, Any]]:
-    """The engine core's own record of each rescheduling (rescheduling_probe), in the order they came."""
+def probe_records(server: Server, kind: str) -> list[dict[str, Any]]:
+    """The probe's records of one kind (rescheduling_probe), in the order they were written."""
     path = server.extra["probe"]
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+
+def probed_reschedulings(server: Server) -> list[dict[str, Any]]:
+    """The engine core's own record of each rescheduling, in the order they came."""
+    return probe_records(server, "rescheduling")
+
+
+def is_subsequence(short: list[Any], long: list[Any]) -> bool:
+    """Every item of ``short`` is in ``long``, in the same order."""
+    rest = iter(long)
+    return all(any(item == other for other in rest) for item in short)
+
+
+def assert_steps_reach_the_trackers_as_the_engine_core_made_them(server: Server) -> dict[int, int]:
+    """The steps the engine core scheduled reach the trackers of the frontends as ``batch()``, in order,
+    with vLLM's ``num_scheduled_tokens`` as it is and, as its recompute, the requests vLLM's ``Request``
+    says recompute (more than one token: one token counts as decode, the hook's rule): each tracker gets
+    a subsequence of the engine's steps holding, at least, every step that held one of its own requests
+    (a frontend with no request in flight has no use for a step). Returns the most steps a tracker of
+    each frontend (pid) got."""
+    steps = probe_records(server, "step")
+    assert steps, "the workload scheduled nothing"
+    assert len({s["pid"] for s in steps}) == 1 and steps[0]["pid"] != server.proc.pid
+    calls: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for call in probe_records(server, "batch"):
+        calls.setdefault((call["pid"], call["tracker"]), []).append(call)
+    assert calls, "no batch() call reached a tracker in the frontend"
+    expected = [(s["scheduled"], sorted(r for r in s["recompute"] if s["scheduled"][r] > 1)) for s in steps]
+    assert any(recompute for _, recompute in expected), "12 streams on 20 KV blocks were meant to recompute"
+    got: dict[int, int] = {}
+    for (pid, _), mine in calls.items():
+        assert pid != steps[0]["pid"], "batch() ran in the engine core"
+        seen = [(c["scheduled"], c["recompute"]) for c in mine]
+        assert is_subsequence(seen, expected), f"tracker in {pid}: steps the engine core did not make"
+        own = {rid for c in mine for rid in c["own"]}
+        needed = [e for e, s in zip(expected, steps) if own.intersection(s["scheduled"])]
+        assert needed and is_subsequence(needed, seen), f"tracker in {pid}: missed a step of its requests"
+        got[pid] = max(got.get(pid, 0), len(seen))
+    return got
 
 
 def assert_recompute_figures_are_the_engine_cores(server: Server) -> list[dict[str, Any]]:
@@ -365,6 +407,12 @@ def assert_recompute_figures_are_the_engine_cores(server: Server) -> list[dict[s
     # Each serving process exports its metrics every 500 ms: the last export may follow the spans.
     server.collected.wait_until(lambda c: counted(c) == expected_counts, timeout_s=WAIT_S)
     assert counted(server.collected) == expected_counts
+    # vLLM's own prefix-cache counts of preempted requests' lookups: the context looked up at each
+    # re-admission (found cached + left to compute) and the part found.
+    looked_up = probe_records(server, "prefix_cache")
+    recomputed, cached = expected_counts
+    assert sum(p["hits"] for p in looked_up) == cached
+    assert sum(p["queries"] for p in looked_up) == cached + recomputed
     assert "did not say what it found cached" not in server.output()
     return probed
 
@@ -374,6 +422,16 @@ def test_served_recompute_figures_equal_the_engine_cores_own(served: Server) -> 
     cached and had to recompute reaches the request's trace from there (engine_core_figures)."""
     probed = assert_recompute_figures_are_the_engine_cores(served)
     assert any(p["cached"] > 0 for p in probed), "a rescheduling that found its own blocks still cached"
+
+
+def test_served_steps_reach_the_trackers_as_the_engine_core_made_them(served: Server) -> None:
+    """Under ``vllm serve`` each step's composition comes from the engine core's process
+    (engine_core_figures), so every request has its stall figures, as with the engine core in process."""
+    (count,) = assert_steps_reach_the_trackers_as_the_engine_core_made_them(served).values()
+    assert count == len(probe_records(served, "step")), "one frontend: it gets every step"
+    roots = [s for s in span_dicts(served.collected) if s["name"] == sc.SPAN_REQUEST]
+    assert roots and all(sc.LLM_STALLS in r["attributes"] for r in roots)
+    assert "engine-core steps failed" not in served.output()
 
 
 def test_served_counters_equal_the_servers_own_metrics(served: Server) -> None:
@@ -393,6 +451,52 @@ def test_served_counters_equal_the_servers_own_metrics(served: Server) -> None:
         for op in ("chat", "text_completion")
     }
     assert by_operation == {"chat": 2, "text_completion": served.extra["requests"] - 2}
+
+
+def prometheus_by_label(server: Server, sample: str, label: str) -> dict[str, float]:
+    """One sample of the server's /metrics by the value of one label, summed over the other labels."""
+    values: dict[str, float] = {}
+    for family in prometheus_parser.text_string_to_metric_families(server.extra["prometheus_text"]):
+        for s in family.samples:
+            if s.name == sample:
+                values[s.labels[label]] = values.get(s.labels[label], 0.0) + s.value
+    return values
+
+
+def test_served_prompt_tokens_by_source_equal_the_servers(served: Server) -> None:
+    theirs = prometheus_by_label(served, "vllm:prompt_tokens_by_source_total", "source")
+    assert theirs, "this vLLM exports vllm:prompt_tokens_by_source"
+    expected = {
+        sc.PROMPT_SOURCE_COMPUTED: theirs.get("local_compute", 0.0),
+        sc.PROMPT_SOURCE_PREFIX_CACHE: theirs.get("local_cache_hit", 0.0),
+        sc.PROMPT_SOURCE_KV_TRANSFER: theirs.get("external_kv_transfer", 0.0),
+    }
+    assert expected[sc.PROMPT_SOURCE_COMPUTED] > 0
+
+    def ours(collected: object) -> dict[str, float]:
+        points = latest_points(served.collected).get(sc.METRIC_PROMPT_TOKENS, [])
+        return {
+            source: total(points, "value", **{sc.LLM_PROMPT_TOKENS_SOURCE: source}) for source in expected
+        }
+
+    served.collected.wait_until(lambda c: ours(c) == expected, timeout_s=WAIT_S)
+    assert ours(served.collected) == expected
+
+
+def test_served_per_request_preemptions_equal_the_servers_histogram(served: Server) -> None:
+    """vLLM's ``vllm:request_num_preemptions`` holds each finished request's preemptions (aborted ones
+    not): the same figures as each such request's ``llm.preemptions``, bucket by bucket."""
+    buckets = prometheus_by_label(served, "vllm:request_num_preemptions_bucket", "le")
+    assert buckets, "this vLLM exports vllm:request_num_preemptions"
+    vllm = served.extra["prometheus"]
+    roots = [s for s in span_dicts(served.collected) if s["name"] == sc.SPAN_REQUEST]
+    finished = [r for r in roots if r["attributes"][sc.GEN_AI_RESPONSE_FINISH_REASONS] != [sc.REASON_ABORT]]
+    ours = [r["attributes"].get(sc.LLM_PREEMPTIONS, 0) for r in finished]
+    assert sum(ours) > 0, "12 streams on 20 KV blocks were meant to preempt"
+    assert len(ours) == vllm["vllm:request_num_preemptions_count"]
+    assert sum(ours) == vllm["vllm:request_num_preemptions_sum"]
+    for le, count in buckets.items():
+        assert sum(n <= float(le) for n in ours) == count, f"bucket le={le}"
 
 
 def test_served_inter_token_latency_equals_the_servers(served: Server) -> None:

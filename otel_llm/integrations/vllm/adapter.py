@@ -14,9 +14,9 @@ frontend hands to ``OutputProcessor.update_scheduler_stats`` after the step's ou
 ``engine_state``); each request's prefix-cache hits ride on its first output, next to its first SCHEDULED
 event, and go to the tracker with it. What a rescheduling after a preemption found cached comes from the
 engine core, in this process or sent from its own (``rescheduling``, ``engine_core_figures``); it goes
-with that SCHEDULED event. Where the engine core runs in this process, what each step computed per
-request (``SchedulerOutput.num_scheduled_tokens``) goes to the trackers' ``batch()`` when the step's
-outputs arrive (``compositions``), so the trackers explain stalls.
+with that SCHEDULED event. What each step computed per request (``SchedulerOutput.num_scheduled_tokens``),
+from the engine core in this process or sent from its own, goes to the trackers' ``batch()`` when the
+step's outputs arrive (``compositions``), so the trackers explain stalls.
 
 Nothing here imports vLLM: outputs and requests are read by attribute name, enum members by name, so a
 vLLM build that renumbers its enums keeps working.
@@ -145,8 +145,11 @@ class VLLMAdapter:
         self._warned_no_events = False
         # Requests whose PREEMPTED event was replayed and whose next SCHEDULED (their rescheduling) not yet.
         self._evicted: set[str] = set()
-        # Steps an in-process scheduler scheduled for these requests, until their outputs arrive.
+        # Steps the scheduler scheduled for these requests, until their outputs arrive.
         self._compositions = Compositions()
+        # With the engine core in its own process: reads the steps it sent (engine_core_figures) into
+        # ``step_scheduled``, called as each batch of outputs arrives. None with the engine core here.
+        self.pull_steps: Callable[[], None] | None = None
         self._batch_failed = False
         self._engine_tracker: Any = None  # where engine_state() goes: the tracker of the first request
         # Tokens of the engine step being delivered, counted as vLLM's iteration stats count them.
@@ -239,6 +242,8 @@ class VLLMAdapter:
         """
         if batch_ts is None:
             batch_ts = time.monotonic()
+        if self.pull_steps is not None:
+            self._pull()
         if still_open is not None and still_open.__class__ is dict:
             self._open_before = len(still_open)  # type: ignore[arg-type]
         else:
@@ -348,15 +353,28 @@ class VLLMAdapter:
             batch[0].append(request_id)
             batch[1].append(produced)
 
-    def step_scheduled(self, scheduled: Any, ts: float, recompute: list[Any] | None = None) -> None:
-        """An in-process scheduler's step (``num_scheduled_tokens``, scheduled at ``ts``, monotonic
-        seconds; ``recompute``: its requests that recompute): kept when it holds a request of this
-        frontend, reported when its outputs arrive."""
+    def step_scheduled(
+        self, scheduled: Any, ts: float, recompute: list[Any] | None = None, addressed: bool = False
+    ) -> None:
+        """A scheduler's step (``num_scheduled_tokens``, scheduled at ``ts``, monotonic seconds;
+        ``recompute``: its requests that recompute): kept when it holds a request of this frontend (or
+        ``addressed``: its engine core sent it to this frontend), reported when its outputs arrive."""
         if not scheduled:
+            return
+        if addressed:
+            if self._live or self._pending:
+                self._compositions.add(ts, scheduled, recompute)
             return
         first = next(iter(scheduled))
         if first in self._live or first in self._pending:
             self._compositions.add(ts, scheduled, recompute)
+
+    def _pull(self) -> None:
+        try:
+            self.pull_steps()  # type: ignore[misc]
+        except Exception:
+            self.pull_steps = None
+            _log.warning("otel_llm: reading vLLM's engine-core steps failed; no stall figures", exc_info=True)
 
     def _report_steps(self, batch_ts: float) -> None:
         """``batch()`` of every kept step scheduled by ``batch_ts`` to each tracker of this frontend:

@@ -14,9 +14,11 @@ its recompute, so the tracker cannot tell a recompute chunk from a prompt chunk 
 the scheduler can: ``recomputing`` names them, from vLLM's ``Request`` at the step (preempted before,
 and fewer tokens computed than it holds), and they go to ``batch()`` as its ``recompute``.
 
-Only where the engine core runs in the frontend's process (``LLM`` with
-``VLLM_ENABLE_V1_MULTIPROCESSING=0``, or a driver running the scheduler itself): in vLLM's own engine-core
-process there is no adapter, so nothing is kept and the wrapper costs one dict check per step.
+Where the engine core runs in the frontend's process (``LLM`` with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
+or a driver running the scheduler itself) the wrapper hands the step to the adapters directly. In vLLM's
+own engine-core process there is no adapter: the wrapper writes the step, with the same ``recomputing``,
+to the frontend's socket (``engine_core_figures``), and the frontend reads it in as the step's outputs
+arrive, into the same ``Compositions``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,12 @@
-"""What vLLM's engine core found cached at each rescheduling, carried to a frontend in another process.
+"""What vLLM's engine core knows and its frontend in another process does not, carried there: what each
+rescheduling found cached, and what each step computed per request.
 
 Under ``vllm serve`` (and ``LLM`` with multiprocessing on, vLLM's default) the scheduler runs in an
 engine-core process of its own, and what it sends the frontend does not say what a rescheduled request
 found in the prefix cache (``rescheduling``). vLLM loads otel_llm's general plugin in that process
 too, so there the instrumentor wraps ``Scheduler.schedule`` as it does in process, and each
-``schedule()`` result that re-admits preempted requests goes to the frontend, a line per rescheduling:
+``schedule()`` result goes to the frontend: a line per rescheduling of a preempted request, and a line per
+step with its ``num_scheduled_tokens`` (the tracker's ``batch()``, for stalls; ``compositions``):
 
 - the frontend (``FrontendFigures``) listens on a Unix stream socket in the abstract namespace named
   after the process that started the engine cores and its own client index (vLLM's ``client_index``,
@@ -14,21 +16,31 @@ too, so there the instrumentor wraps ``Scheduler.schedule`` as it does in proces
 - the engine core (``EngineCoreFigures``) connects to its parent's pid and the request's
   ``client_index`` and writes without blocking (what does not fit, beyond a bound, is lost and counted;
   the frontend notices, see below);
-- the frontend reads, without blocking, when it replays the SCHEDULED event of a request it saw
-  preempted and finds no figure yet. The engine core wrote the figure inside ``schedule()``, before the
-  step ran and so before the output that carries that event, and data written to a Unix stream socket is
-  in the reader's queue when the write returns: the figure is there by then or it was never sent. So the
-  join is exact, with no thread, no wait and nothing to hold at finish.
+- the frontend reads, without blocking, as each batch of outputs arrives (and when it replays the
+  SCHEDULED event of a request it saw preempted and finds no figure yet). The engine core wrote a step's
+  lines inside ``schedule()``, before the step ran and so before the outputs that carry its events and
+  tokens, and data written to a Unix stream socket is in the reader's queue when the write returns: a
+  line is there by then or it was never sent. So the join is exact, with no thread, no wait and nothing
+  to hold at finish.
 
 A stream, not datagrams: a Unix datagram socket queues only ``net.unix.max_dgram_qlen`` datagrams (10 by
 default), which a frontend a few steps behind its engine core would overrun; a stream queues bytes (its
 buffer holds thousands of figures).
 
-What is written is text, one line per rescheduling: ``<SCHEDULED timestamp!r> <cached tokens> <request
-id>`` (the timestamp is the engine core's ``time.monotonic()`` value vLLM also puts on the event, so the
-two match exactly). Any local process can connect to an abstract address, so what arrives is parsed
-strictly (a line that does not parse is dropped) and a figure is only ever taken by a request the
-frontend has open, by its id and that timestamp.
+What is written is text, a line each:
+
+- a rescheduling: ``<SCHEDULED timestamp!r> <cached tokens> <request id>`` (the timestamp is the engine
+  core's ``time.monotonic()`` value vLLM also puts on the event, so the two match exactly);
+- a step: ``S <monotonic seconds its scheduling began!r> <requests> <tokens> <recomputing> <ids>``, where
+  ``<tokens>`` is ``-`` when every request computes one token (a decode step) or the counts in the ids'
+  order, comma-separated, ``<recomputing>`` is ``-`` or the positions of the requests whose tokens are a
+  recompute, and ``<ids>`` the request ids, space-separated. A step line is one join of the ids (C-level)
+  and, per step, one write; a request id with a space in it makes the count disagree, and the step is
+  dropped.
+
+Any local process can connect to an abstract address, so what arrives is parsed strictly (a line that
+does not parse is dropped), a figure is only ever taken by a request the frontend has open, by its id and
+that timestamp, and a step only tells the frontend's trackers what an engine step held.
 """
 
 from __future__ import annotations
@@ -38,14 +50,19 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Iterable, Mapping
 from typing import Any
+
+from otel_llm.integrations.vllm.compositions import MAX_PENDING_STEPS, Step
 
 _log = logging.getLogger(__name__)
 
 NAME = "otel-llm-vllm-figures-{pid}-{client}"
 CHUNK = 65_536  # bytes read at a time
-MAX_UNSENT = 65_536  # bytes an engine core keeps for a stream that is full (about a thousand figures)
+# Bytes an engine core keeps for a stream that is full, and the longest line a frontend reads: a step of
+# a few thousand requests with vLLM's ids of about 50 characters is some 200 KB.
+MAX_UNSENT = 1 << 20
 MAX_CONNECTIONS = 64  # engine cores one frontend reads from (data-parallel ranks), at most
 # After "nobody listens there" (a frontend without otel_llm, or engine cores on another machine), the
 # engine core stops trying that address for this long: one failed syscall per address and interval.
@@ -62,10 +79,44 @@ def encode(figures: Iterable[tuple[str, float, int]]) -> bytes:
     return "".join(f"{ts!r} {cached} {rid}\n" for rid, ts, cached in figures if "\n" not in rid).encode()
 
 
-def decode(lines: bytes) -> list[tuple[str, float, int]]:
-    """The (request id, timestamp, cached tokens) of whole lines; lines that do not parse are dropped."""
+def encode_step(ts: float, scheduled: Mapping[str, int], total: Any, recompute: list[str] | None) -> bytes:
+    """One step's line: ``scheduled`` is its ``num_scheduled_tokens`` (request id -> tokens), ``total``
+    their sum as vLLM gives it (``total_num_scheduled_tokens``: equal to the count of requests in a decode
+    step, which is then written without counts), ``recompute`` the requests among them that recompute."""
+    ids = list(scheduled)
+    tokens = "-" if total == len(ids) else ",".join(map(str, scheduled.values()))
+    at = "-" if not recompute else ",".join(str(ids.index(rid)) for rid in recompute if rid in scheduled)
+    return f"S {ts!r} {len(ids)} {tokens} {at or '-'} {' '.join(ids)}\n".encode()
+
+
+def _decode_step(line: str) -> Step | None:
+    parts = line.split(" ", 5)
+    if len(parts) != 6:
+        return None
+    try:
+        ts, count = float(parts[1]), int(parts[2])
+        ids = parts[5].split(" ")
+        counts = [1] * count if parts[3] == "-" else [int(n) for n in parts[3].split(",")]
+        at = None if parts[4] == "-" else [int(i) for i in parts[4].split(",")]
+    except ValueError:
+        return None
+    if ts != ts or len(ids) != count or len(counts) != count or min(counts, default=1) < 1:
+        return None
+    if at is not None and not all(0 <= i < count for i in at):
+        return None
+    return ts, dict(zip(ids, counts)), None if at is None else [ids[i] for i in at]
+
+
+def decode(lines: bytes, steps: list[Step] | None = None) -> list[tuple[str, float, int]]:
+    """The (request id, timestamp, cached tokens) of whole lines; the step lines go to ``steps`` (dropped
+    when it is None); lines that do not parse are dropped."""
     found = []
     for line in lines.decode("utf-8", "replace").split("\n"):
+        if line.startswith("S "):
+            step = _decode_step(line) if steps is not None else None
+            if step is not None:
+                steps.append(step)
+            continue
         parts = line.split(" ", 2)
         if len(parts) != 3 or not parts[2]:
             continue
@@ -79,7 +130,8 @@ def decode(lines: bytes) -> list[tuple[str, float, int]]:
 
 
 class EngineCoreFigures:
-    """The engine core's side: write a ``schedule()`` result's reschedulings to their frontends."""
+    """The engine core's side: write a ``schedule()`` result's reschedulings and its step to their
+    frontends."""
 
     def __init__(self) -> None:
         self._parent = os.getppid()  # the process that started this engine core
@@ -87,46 +139,74 @@ class EngineCoreFigures:
         self._connections: dict[bytes, socket.socket] = {}
         self._unsent: dict[bytes, bytes] = {}  # what a full stream did not take yet, by address
         self._quiet_until: dict[bytes, float] = {}
+        # The client indexes of the requests scheduled so far (``learn``): every step goes to each, since a
+        # request's stalls are caused by the whole step, whichever API server its other requests came from.
+        self.clients: set[int] = set()
         self.sent = 0  # figures written, or held to be written with the next ones (a full stream)
         self.lost = 0  # figures that could not be
+        self.steps_sent = 0  # step lines written (or held), summed over frontends
+        self.steps_lost = 0
         self._warned = False
 
-    def send(self, found: list[tuple[str, float, int, int]]) -> None:
-        """``found``: (request id, SCHEDULED timestamp, cached tokens, client index) of each rescheduling."""
+    def learn(self, scheduler: Any, output: Any) -> None:
+        """Note the client index of each request ``output`` schedules for the first time."""
+        requests = getattr(scheduler, "requests", {})
+        for new in getattr(output, "scheduled_new_reqs", ()):
+            client = getattr(requests.get(getattr(new, "req_id", None)), "client_index", 0)
+            self.clients.add(client if isinstance(client, int) else 0)
+
+    def send(
+        self,
+        found: list[tuple[str, float, int, int]],
+        step: tuple[float, Mapping[str, int], Any, list[str] | None] | None = None,
+    ) -> None:
+        """``found``: (request id, SCHEDULED timestamp, cached tokens, client index) of each rescheduling,
+        to its client's frontend; ``step``: ``encode_step``'s arguments, to the frontend of every client
+        index seen. One write per frontend."""
         by_client: dict[int, list[tuple[str, float, int]]] = {}
         for rid, ts, cached, client in found:
             by_client.setdefault(client, []).append((rid, ts, cached))
+        line = b""
+        if step is not None:
+            line = encode_step(*step)
+            for client in self.clients:
+                by_client.setdefault(client, [])
         for client, figures in by_client.items():
-            to = self._addresses.get(client)
-            if to is None:
-                to = self._addresses[client] = address(self._parent, client)
-            connection = self._connections.get(to) or self._connect(to)
-            if connection is None:
-                self.lost += len(figures)
-                continue
-            data = encode(figures)
-            if self._unsent:
-                data = self._unsent.pop(to, b"") + data
-            try:
-                written = connection.send(data, socket.MSG_NOSIGNAL)
-            except (BlockingIOError, InterruptedError):
-                written = 0
-            except OSError:  # the frontend went away: connect again next time
-                connection.close()
-                del self._connections[to]
-                self.lost += len(figures)
-                continue
-            if written == len(data):
+            with_step = bool(line) and client in self.clients
+            if self._write(client, encode(figures) + line if with_step else encode(figures)):
                 self.sent += len(figures)
-                continue
-            rest = data[written:]
-            if len(rest) <= MAX_UNSENT:
-                self._unsent[to] = rest  # written with the next figures (a partial line stays whole)
-                self.sent += len(figures)
+                self.steps_sent += with_step
             else:
-                self._unsent[to] = rest[: rest.index(b"\n") + 1] if b"\n" in rest else b""
                 self.lost += len(figures)
-                self._warn("the frontend reads too slowly")
+                self.steps_lost += with_step
+
+    def _write(self, client: int, data: bytes) -> bool:
+        """Write ``data`` (whole lines) to the frontend of ``client`` without blocking; False: lost."""
+        to = self._addresses.get(client)
+        if to is None:
+            to = self._addresses[client] = address(self._parent, client)
+        connection = self._connections.get(to) or self._connect(to)
+        if connection is None:
+            return False
+        if self._unsent:
+            data = self._unsent.pop(to, b"") + data
+        try:
+            written = connection.send(data, socket.MSG_NOSIGNAL)
+        except (BlockingIOError, InterruptedError):
+            written = 0
+        except OSError:  # the frontend went away: connect again next time
+            connection.close()
+            del self._connections[to]
+            return False
+        if written == len(data):
+            return True
+        rest = data[written:]
+        if len(rest) <= MAX_UNSENT:
+            self._unsent[to] = rest  # written with the next lines (a partial line stays whole)
+            return True
+        self._unsent[to] = rest[: rest.index(b"\n") + 1] if b"\n" in rest else b""
+        self._warn("the frontend reads too slowly")
+        return False
 
     def _connect(self, to: bytes) -> socket.socket | None:
         if self._quiet_until and self._quiet_until.get(to, 0.0) > time.monotonic():
@@ -149,11 +229,12 @@ class EngineCoreFigures:
     def _warn(self, why: str) -> None:
         if not self._warned:
             self._warned = True  # the frontend sees each missing figure and warns there too
-            _log.warning("otel_llm: could not send reschedulings' cached tokens to the frontend: %s", why)
+            _log.warning("otel_llm: could not send the engine core's figures to the frontend: %s", why)
 
 
 class FrontendFigures:
-    """The frontend's side: the socket its engine cores write to, read when a figure is wanted."""
+    """The frontend's side: the socket its engine cores write to, read as outputs arrive and when a
+    figure is wanted."""
 
     def __init__(self, pid: int, client_index: int) -> None:
         self.address = address(pid, client_index)
@@ -167,9 +248,13 @@ class FrontendFigures:
         self._listener.setblocking(False)
         self._readers: dict[socket.socket, bytes] = {}  # connection -> its partial last line
         self.received = 0  # figures read
+        # Steps read and not taken yet (``take_steps``), oldest first; bounded for a frontend that reads
+        # figures but has no adapter to take its steps.
+        self._steps: deque[Step] = deque(maxlen=MAX_PENDING_STEPS)
 
     def drain(self) -> list[tuple[str, float, int]]:
-        """Every figure written to this frontend so far and not read yet."""
+        """Every figure written to this frontend so far and not read yet; the steps read on the way are
+        kept for ``take_steps``."""
         while len(self._readers) < MAX_CONNECTIONS:
             try:
                 connection, _ = self._listener.accept()
@@ -178,6 +263,7 @@ class FrontendFigures:
             connection.setblocking(False)
             self._readers[connection] = b""
         found: list[tuple[str, float, int]] = []
+        steps: list[Step] = []
         for connection in list(self._readers):
             data, closed = self._readers[connection], False
             while True:
@@ -194,20 +280,36 @@ class FrontendFigures:
                 data += chunk
             whole, _, partial = data.rpartition(b"\n")
             if whole:
-                found.extend(decode(whole))
+                found.extend(decode(whole, steps))
             if closed:
                 connection.close()
                 del self._readers[connection]
             else:
                 self._readers[connection] = partial[-MAX_UNSENT:]
         self.received += len(found)
+        if steps:
+            # Several engine cores (data-parallel ranks) each write in order; the frontend needs one order.
+            self._steps.extend(sorted(steps, key=_step_time) if len(self._readers) > 1 else steps)
         return found
+
+    def take_steps(self) -> list[Step]:
+        """The steps read so far (``drain``) and not taken yet, oldest first."""
+        steps = self._steps
+        if not steps:
+            return []
+        taken = list(steps)
+        steps.clear()
+        return taken
 
     def close(self) -> None:
         for connection in self._readers:
             connection.close()
         self._readers = {}
         self._listener.close()
+
+
+def _step_time(step: Step) -> float:
+    return step[0]
 
 
 def frontend_key(bound: dict[str, Any]) -> tuple[int, int]:

@@ -186,6 +186,8 @@ class VLLMInstrumentor:
                 adapter = cls._adapters.setdefault(
                     processor, VLLMAdapter(cls._tracker_for, reschedulings=cls._reschedulings)
                 )
+                if cls._frontend_figures and not cls._schedulers:
+                    adapter.pull_steps = _pull_engine_core_steps
         return adapter
 
     @classmethod
@@ -445,19 +447,23 @@ def _stats_on(original: Callable[..., None]) -> Callable[..., None]:
 def _note_reschedulings(original: Callable[..., Any]) -> Callable[..., Any]:
     """Scheduler.schedule, then what its reschedulings found cached and what the step computes per
     request, kept while a frontend in this process is instrumented. With none here (an engine core in
-    its own process) only the reschedulings' figures go to the frontend (engine_core_figures): a step
-    that re-admits no preempted request costs two attribute reads."""
+    its own process) both go to the frontend (engine_core_figures): the reschedulings' figures when the
+    step re-admits a preempted request, and the step's line every step, one write."""
 
     def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not VLLMInstrumentor._adapters:
-            output = original(self, *args, **kwargs)
             sender = VLLMInstrumentor._engine_core_figures
+            if sender is None:
+                return original(self, *args, **kwargs)
+            ts = time.monotonic()
+            output = original(self, *args, **kwargs)
             # Inline, not a call: this runs on every step, and most steps re-admit nothing.
-            if sender is not None and (
-                getattr(getattr(output, "scheduled_cached_reqs", None), "resumed_req_ids", None)
-                or getattr(output, "scheduled_new_reqs", None)
+            if getattr(getattr(output, "scheduled_cached_reqs", None), "resumed_req_ids", None) or getattr(
+                output, "scheduled_new_reqs", None
             ):
-                _guarded("schedule", _send_figures, sender, self, output)
+                _guarded("schedule", _send, sender, self, output, ts, True)
+            elif sender.clients:
+                _guarded("schedule", _send, sender, self, output, ts, False)
             return output
         ts = time.monotonic()  # when the step's scheduling began: the start of its batch()
         output = original(self, *args, **kwargs)
@@ -468,14 +474,44 @@ def _note_reschedulings(original: Callable[..., Any]) -> Callable[..., Any]:
     return schedule
 
 
-def _send_figures(sender: EngineCoreFigures, scheduler: Any, output: Any) -> None:
-    found = rescheduled(scheduler, output)
-    if found:
-        sender.send(found)
+def _send(sender: EngineCoreFigures, scheduler: Any, output: Any, ts: float, admits: bool) -> None:
+    """One step's reschedulings (``admits``: it schedules new or re-admitted requests) and its line, in
+    one write per frontend."""
+    found = None
+    if admits:
+        sender.learn(scheduler, output)
+        found = rescheduled(scheduler, output)
+    step = None
+    scheduled = getattr(output, "num_scheduled_tokens", None)
+    if scheduled and sender.clients:
+        total = getattr(output, "total_num_scheduled_tokens", None)
+        step = (ts, scheduled, total, recomputing(getattr(scheduler, "requests", {}), scheduled, total))
+    if found or step:
+        sender.send(found or [], step)
+
+
+def _pull_engine_core_steps() -> None:
+    """Read what this process's engine cores in their own processes wrote (engine_core_figures): the
+    reschedulings' figures are kept for the adapters, the steps handed to them (``step_scheduled``)."""
+    for figures in list(VLLMInstrumentor._frontend_figures.values()):
+        found = figures.drain()
+        if found:
+            VLLMInstrumentor._reschedulings.add(found)
+        steps = figures.take_steps()
+        if steps:
+            adapters = list(VLLMInstrumentor._adapters.values())
+            # One frontend in this process (the usual case): every step its engine cores sent is its own,
+            # also when a step's first request came through another API server.
+            addressed = len(adapters) == 1
+            for ts, scheduled, recompute in steps:
+                for adapter in adapters:
+                    adapter.step_scheduled(scheduled, ts, recompute, addressed=addressed)
 
 
 def _noted(scheduler: Any, output: Any, ts: float) -> None:
     VLLMInstrumentor._reschedulings.record(scheduler, output)
+    for adapter in list(VLLMInstrumentor._adapters.values()):
+        adapter.pull_steps = None  # the engine core is here: nothing arrives on the socket
     scheduled = getattr(output, "num_scheduled_tokens", None)
     if scheduled:
         recompute = recomputing(
@@ -535,6 +571,9 @@ def _listen_for_figures(original: Callable[..., None], engine: Any, args: Any, k
             return
         VLLMInstrumentor._frontend_figures[key] = figures
         VLLMInstrumentor._reschedulings.sources.append(figures.drain)
+        if not VLLMInstrumentor._schedulers:
+            for adapter in VLLMInstrumentor._adapters.values():
+                adapter.pull_steps = _pull_engine_core_steps
 
 
 def _note_model(engine: Any) -> None:

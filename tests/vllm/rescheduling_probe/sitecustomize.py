@@ -8,8 +8,22 @@ per rescheduling in the file ``RESCHEDULING_PROBE_OUT`` names (with the writer's
 - ``ts``: the timestamp of the request's SCHEDULED event, as vLLM sends it to the frontend;
 - ``client``: the request's ``client_index``, the API server it came through.
 
-It reads vLLM's objects independently of otel_llm (which this probe never imports), so the test compares
-otel_llm's figures, carried from the engine core to the frontend, with vLLM's own state.
+It also writes down each step (``"kind": "step"``): its ``num_scheduled_tokens`` as ``schedule()``
+returned it, the client index of each of its requests, and the requests whose tokens vLLM's ``Request``
+says are a recompute (re-admitted after a preemption, from that ``schedule()`` until its
+``num_computed_tokens`` reaches ``num_tokens`` or it is preempted again).
+
+And vLLM's own prefix-cache counts of preempted requests' lookups (``"kind": "prefix_cache"``: the
+``preempted_queries`` / ``preempted_hits`` of each ``PrefixCacheStats`` the engine core's KV-cache manager
+hands its scheduler's stats; vLLM 0.32 exports them nowhere itself).
+
+In the processes that serve requests (the frontends) it writes down every call of the tracker's
+``batch()`` (``"kind": "batch"``): the mapping and the recompute argument it got, which tracker, and which
+of the step's requests that tracker had in flight.
+
+It reads vLLM's objects independently of otel_llm and never imports otel_llm (the frontend's tracker
+class is patched when otel_llm itself imports it), so the test compares what otel_llm carried from the
+engine core to the frontend with vLLM's own state.
 """
 
 from __future__ import annotations
@@ -21,17 +35,44 @@ import os
 import sys
 
 _TARGET = "vllm.v1.core.sched.scheduler"
+_TRACKER = "otel_llm.hooks.tracker"
+_KV_CACHE = "vllm.v1.core.kv_cache_manager"
 _OUT = os.environ.get("RESCHEDULING_PROBE_OUT")
+
+
+def _write(lines: list[str]) -> None:
+    if lines:
+        with open(_OUT, "a") as out:
+            out.write("\n".join(lines) + "\n")
 
 
 def _patch(module) -> None:
     original = module.Scheduler.schedule
 
+    recomputing: set[str] = set()  # re-admitted after a preemption, recompute not done
+
     def schedule(self, *args, **kwargs):
         output = original(self, *args, **kwargs)
         resumed = set(getattr(output.scheduled_cached_reqs, "resumed_req_ids", ()) or ())
         resumed |= {n.req_id for n in output.scheduled_new_reqs if self.requests[n.req_id].num_preemptions}
-        lines = []
+        for rid in list(recomputing):
+            request = self.requests.get(rid)
+            if request is None or request.status.name == "PREEMPTED":
+                recomputing.discard(rid)
+        recomputing.update(resumed)
+        scheduled = dict(output.num_scheduled_tokens)
+        step = {
+            "kind": "step",
+            "pid": os.getpid(),
+            "scheduled": scheduled,
+            "clients": {rid: self.requests[rid].client_index for rid in scheduled},
+            "recompute": sorted(rid for rid in scheduled if rid in recomputing),
+        }
+        for rid in list(recomputing):
+            request = self.requests[rid]
+            if request.num_computed_tokens >= request.num_tokens:  # this step ends the recompute
+                recomputing.discard(rid)
+        lines = [json.dumps(step)] if scheduled else []
         for rid in sorted(resumed):
             request = self.requests[rid]
             cached = request.num_computed_tokens - output.num_scheduled_tokens[rid]
@@ -39,6 +80,7 @@ def _patch(module) -> None:
             lines.append(
                 json.dumps(
                     {
+                        "kind": "rescheduling",
                         "pid": os.getpid(),
                         "id": rid,
                         "ts": events[-1].timestamp if events else None,
@@ -49,17 +91,52 @@ def _patch(module) -> None:
                     }
                 )
             )
-        if lines:
-            with open(_OUT, "a") as out:
-                out.write("\n".join(lines) + "\n")
+        _write(lines)
         return output
 
     module.Scheduler.schedule = schedule
 
 
+def _patch_tracker(module) -> None:
+    original = module.Tracker.batch
+
+    def batch(self, scheduled, ts=None, recompute=None):
+        call = {
+            "kind": "batch",
+            "pid": os.getpid(),
+            "tracker": id(self),
+            "scheduled": dict(scheduled),
+            "recompute": sorted(recompute or ()),
+            # The step's requests this tracker has in flight (its private state, read by this test-only
+            # probe: no public figure says which requests a tracker holds).
+            "own": sorted(rid for rid in scheduled if rid in getattr(self, "_inflight", {})),
+        }
+        _write([json.dumps(call)])
+        return original(self, scheduled, ts=ts, recompute=recompute)
+
+    module.Tracker.batch = batch
+
+
+def _patch_kv_cache(module) -> None:
+    original = module.KVCacheManager.make_prefix_cache_stats
+
+    def make_prefix_cache_stats(self):
+        stats = original(self)
+        queries, hits = getattr(stats, "preempted_queries", 0), getattr(stats, "preempted_hits", 0)
+        if queries or hits:
+            record = {"kind": "prefix_cache", "pid": os.getpid(), "queries": queries, "hits": hits}
+            _write([json.dumps(record)])
+        return stats
+
+    module.KVCacheManager.make_prefix_cache_stats = make_prefix_cache_stats
+
+
+_PATCHES = {_TARGET: _patch, _TRACKER: _patch_tracker, _KV_CACHE: _patch_kv_cache}
+
+
 class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        if name != _TARGET:
+        if name not in _PATCHES:
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:
@@ -68,7 +145,7 @@ class _Finder(importlib.abc.MetaPathFinder):
 
         def exec_and_patch(module) -> None:
             exec_module(module)
-            _patch(module)
+            _PATCHES[name](module)
 
         spec.loader.exec_module = exec_and_patch
         return spec
