@@ -10,7 +10,8 @@ This times that wrapper around a ``schedule`` that returns a ready output, again
 preempted requests (each recomputing 32 tokens), sent to a real receiving socket in this process (read
 every 20 steps, untimed, as the frontend reads as outputs arrive); the wrapper with the reschedulings'
 figures alone (no frontend known to send steps to) and with the step line too (a frontend known, as
-always once a request came).
+always once a request came). Then the frontend's read of the socket as each batch of outputs arrives:
+with nothing written, and with one decode step's line written before it (the write untimed).
 
 vLLM itself is not needed: the output and requests are plain objects with the attributes the wrapper
 reads from vLLM 0.32/0.33 (``scheduled_cached_reqs.resumed_req_ids`` / ``req_ids`` /
@@ -86,6 +87,11 @@ def measure(quick: bool = False) -> dict[str, Any]:
             variants[("bare", resumed)] = _round(bare, scheduler, receiver, sender, set(), steps)
             variants[("figures", resumed)] = _round(wrapped, scheduler, receiver, sender, set(), steps)
             variants[("steps", resumed)] = _round(wrapped, scheduler, receiver, sender, {0}, steps)
+        # The frontend's side, as each batch of outputs arrives: a read of the socket and the steps taken.
+        _, decode_step = scheduler_and_outputs(0)
+        line = (1000.0, decode_step.num_scheduled_tokens, decode_step.total_num_scheduled_tokens, None)
+        for what in ("clock", "empty", "step"):
+            variants[("read", what)] = _reading(receiver, sender, what, line, steps)
         timings = compare({f"{k[0]}-{k[1]}": v for k, v in variants.items()}, 3 if quick else ROUNDS)
     finally:
         VLLMInstrumentor._engine_core_figures, VLLMInstrumentor._adapters = saved
@@ -101,8 +107,11 @@ def measure(quick: bool = False) -> dict[str, Any]:
                 "added_with_steps_ns": timings[f"steps-{resumed}"].median_ns - bare_ns,
             }
         )
+    clock_ns = timings["read-clock"].median_ns
     return {
         "rows": rows,
+        "read_empty_ns": timings["read-empty"].median_ns - clock_ns,
+        "read_step_ns": timings["read-step"].median_ns - clock_ns,
         "sent": sender.sent,
         "lost": sender.lost + sender.steps_lost,
         "received": receiver.received,
@@ -134,6 +143,30 @@ def _round(
     return run
 
 
+def _reading(receiver: FrontendFigures, sender: EngineCoreFigures, what: str, line: Any, steps: int) -> Any:
+    """The frontend's read per batch of outputs (``drain`` and ``take_steps``): with nothing written
+    (``empty``), or after the engine core wrote one decode step's line (``step``, the write untimed);
+    ``clock``: the two clock reads alone, taken off both."""
+
+    def run() -> tuple[int, int]:
+        sender.clients = {0}
+        clock = time.process_time_ns
+        elapsed = 0
+        for _ in range(steps):
+            if what == "step":
+                sender.send([], line)
+            start = clock()
+            if what != "clock":
+                receiver.drain()
+                receiver.take_steps()
+            elapsed += clock() - start
+        receiver.drain()
+        receiver.take_steps()
+        return elapsed, steps
+
+    return run
+
+
 def lines(result: dict[str, Any]) -> list[str]:
     out = [
         "## otel_llm in vLLM's engine core: each step's added CPU",
@@ -157,6 +190,10 @@ def lines(result: dict[str, Any]) -> list[str]:
             f"| {row['added_with_steps_ns'] / 1000:.2f} µs |"
         )
     out += [
+        "",
+        "In the frontend, as each batch of outputs arrives (the same process as vLLM's output loop): a read "
+        f"of the socket with nothing written {result['read_empty_ns'] / 1000:.2f} µs, and reading one "
+        f"decode step's line of {BATCH} requests and taking the step {result['read_step_ns'] / 1000:.2f} µs.",
         "",
         f"Figures sent {result['sent']}, step lines {result['steps_sent']}, lost {result['lost']}, "
         f"figures received {result['received']}.",

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.export_report import lines
+from benchmarks.timing import frozen_heap
 
 __all__ = ["lines", "main", "measure"]
 
@@ -287,7 +288,8 @@ def measure(quick: bool) -> dict[str, Any]:
             alike = (alike * (DEFAULT_BATCH // max(len(alike), 1) + 1))[:DEFAULT_BATCH]
             variants[("encode-kind", kind, DEFAULT_BATCH, "none")] = _encode_work([alike])
         variants[("build", "-", 0, "-")] = _build_work(builds)
-        samples, beyond, received = _rounds(variants, receivers, rounds, warm_up=not quick)
+        with frozen_heap():
+            samples, beyond, received = _rounds(variants, receivers, rounds, warm_up=not quick)
     finally:
         for made in exporters:
             made.shutdown()

@@ -10,7 +10,8 @@ from __future__ import annotations
 import gc
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 Round = Callable[[], tuple[int, int]]  # one round -> (elapsed ns, units of work)
@@ -28,6 +29,21 @@ class Timing:
     rounds: int
 
 
+@contextmanager
+def frozen_heap() -> Iterator[None]:
+    """Collect once, then keep every object alive now out of the collector's sight until the end
+    (``gc.freeze``): the collection before each round then walks only what the rounds made. In a
+    process that already holds a large heap (a pytest worker some hundred tests in, with torch
+    imported) each full collection costs a large fraction of a second, and a benchmark's quick mode
+    spent ten times its own work in them. Untimed either way: the numbers do not change."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def _one(run: Round) -> float:
     gc.collect()
     enabled = gc.isenabled()
@@ -42,13 +58,14 @@ def _one(run: Round) -> float:
 
 def compare(variants: Mapping[str, Round], rounds: int, warmup: int = 1) -> dict[str, Timing]:
     """Run each variant ``warmup`` times untimed, then ``rounds`` times interleaved; per-unit medians."""
-    for run in variants.values():
-        for _ in range(warmup):
-            _one(run)
     samples: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(rounds):
-        for name, run in variants.items():
-            samples[name].append(_one(run))
+    with frozen_heap():
+        for run in variants.values():
+            for _ in range(warmup):
+                _one(run)
+        for _ in range(rounds):
+            for name, run in variants.items():
+                samples[name].append(_one(run))
     return {
         name: Timing(statistics.median(values), min(values), max(values), len(values))
         for name, values in samples.items()

@@ -6,7 +6,8 @@ skips for a missing environment, and one line of the summary names what was left
 pytest-xdist is installed (the dev extra has it) and no ``-n`` is given, the run is spread over two
 workers per core: most of its tests start real processes and wait on them (a demo's shutdown budget, a
 dead collector's timeout), so one worker per core leaves the cores idle a fifth of the time (measured on 2
-cores: 3 min 23 s with 2 workers, 2 min 50 s with 4, the CPU busy 1.94 cores of 2). ``-p no:xdist`` runs
+cores: 3 min 23 s with 2 workers, 2 min 50 s with 4, the CPU busy 1.94 cores of 2; docs/development.md
+has later figures). ``-p no:xdist`` runs
 it in one process.
 """
 

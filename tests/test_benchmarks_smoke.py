@@ -49,7 +49,9 @@ def test_quick_mode_reports_every_section_with_finite_numbers(tmp_path: Path) ->
         values = [m["ours"], *m["peers"].values()]
         assert all(math.isfinite(v) for v in values), m
         if m["unit"] == "fraction":
-            assert -1 < m["ours"] <= 1, m  # steps lost may be slightly negative from noise
+            # 1 - a ratio of two positive rates: at most 1. No lower bound: in quick mode's few steps on a
+            # busy machine the instrumented loop can outrun the bare one many times over.
+            assert m["ours"] <= 1, m
         elif m["name"] == "export-process CPU per finished request, export mode in_process":
             assert m["ours"] == 0, m  # in that mode there is no export process
         elif "over the bare loop" in m["name"]:

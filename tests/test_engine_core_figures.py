@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import socket
 import subprocess
@@ -209,6 +210,34 @@ def test_a_frontend_restarted_under_the_same_key_gets_the_figures_after_it() -> 
         second.close()
 
 
+def test_engine_cores_that_come_and_go_are_each_read_and_a_closed_frontend_reads_nothing() -> None:
+    """The frontend polls its listener and connections: one that hung up is dropped after its last line,
+    one that connects later is read, a write larger than one read arrives whole, and after ``close``
+    a drain finds nothing."""
+    frontend = FrontendFigures(os.getpid(), 6)
+    try:
+        assert frontend.drain() == []  # nothing connected yet
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as first:
+            first.connect(address(os.getpid(), 6))
+            first.sendall(encode([("a", 1.0, 1)]))
+        assert frontend.drain() == [("a", 1.0, 1)]
+        frontend.drain()  # the hang-up, if the first drain did not see it
+        assert frontend._readers == {}
+        many = [(f"req-{i:06d}", 2.0 + i, i) for i in range(8000)]  # some 200 KB: several reads
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as second:
+            second.connect(address(os.getpid(), 6))
+            second.sendall(encode(many))
+            found: list[tuple[str, float, int]] = []
+            for _ in range(100):
+                found += frontend.drain()
+                if len(found) == len(many):
+                    break
+        assert found == many
+    finally:
+        frontend.close()
+    assert frontend.drain() == [] and frontend.take_steps() == []
+
+
 def test_a_second_frontend_under_the_same_key_cannot_bind() -> None:
     frontend = FrontendFigures(os.getpid(), 4)
     try:
@@ -269,3 +298,6 @@ def test_the_engine_core_benchmark_measures_each_step_kind_and_loses_nothing() -
     table = [line for line in engine_core_figures.lines(result) if line.startswith("| ")]
     assert len(table) == 1 + 3 and all("nan" not in line for line in table)  # the header, a row per kind
     assert all(line.count("|") == 6 for line in table)  # five columns: the step line's cost among them
+    assert all(math.isfinite(result[key]) for key in ("read_empty_ns", "read_step_ns"))  # the frontend's read
+    read = [line for line in engine_core_figures.lines(result) if line.startswith("In the frontend")]
+    assert len(read) == 1 and "nan" not in read[0]

@@ -45,9 +45,11 @@ that timestamp, and a step only tells the frontend's trackers what an engine ste
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
+import select
 import socket
 import time
 from collections import deque
@@ -247,6 +249,9 @@ class FrontendFigures:
             raise
         self._listener.setblocking(False)
         self._readers: dict[socket.socket, bytes] = {}  # connection -> its partial last line
+        self._poll = select.poll()  # the listener and every reader, for a read's one system call
+        self._poll.register(self._listener, select.POLLIN)
+        self._by_fd: dict[int, socket.socket] = {self._listener.fileno(): self._listener}
         self.received = 0  # figures read
         # Steps read and not taken yet (``take_steps``), oldest first; bounded for a frontend that reads
         # figures but has no adapter to take its steps.
@@ -254,18 +259,35 @@ class FrontendFigures:
 
     def drain(self) -> list[tuple[str, float, int]]:
         """Every figure written to this frontend so far and not read yet; the steps read on the way are
-        kept for ``take_steps``."""
-        while len(self._readers) < MAX_CONNECTIONS:
-            try:
-                connection, _ = self._listener.accept()
-            except (BlockingIOError, InterruptedError):
-                break
-            connection.setblocking(False)
-            self._readers[connection] = b""
+        kept for ``take_steps``.
+
+        One ``poll`` with no timeout says which connections have data and whether an engine core is
+        waiting to connect: this runs as each batch of outputs arrives, and a read that finds nothing
+        costs that one system call (no accept or recv that fails with an exception). ``poll``, not
+        ``select``: an API server's descriptors may be numbered past ``select``'s 1024."""
+        listener, readers = self._listener, self._readers
+        events = self._poll.poll(0)
+        if not events:
+            return []
+        by_fd = self._by_fd
+        ready = [by_fd[fd] for fd, _ in events if fd in by_fd]
         found: list[tuple[str, float, int]] = []
         steps: list[Step] = []
-        for connection in list(self._readers):
-            data, closed = self._readers[connection], False
+        if listener in ready:
+            while len(readers) < MAX_CONNECTIONS:
+                try:
+                    connection, _ = listener.accept()
+                except (BlockingIOError, InterruptedError):
+                    break
+                connection.setblocking(False)
+                readers[connection] = b""
+                by_fd[connection.fileno()] = connection
+                self._poll.register(connection, select.POLLIN)
+                ready.append(connection)  # it may have written already
+        for connection in ready:
+            if connection is listener or connection not in readers:
+                continue
+            data, closed = readers[connection], False
             while True:
                 try:
                     chunk = connection.recv(CHUNK)
@@ -278,12 +300,13 @@ class FrontendFigures:
                     closed = True
                     break
                 data += chunk
+                if len(chunk) < CHUNK:
+                    break  # all there was: no second recv to find the queue empty
             whole, _, partial = data.rpartition(b"\n")
             if whole:
                 found.extend(decode(whole, steps))
             if closed:
-                connection.close()
-                del self._readers[connection]
+                self._forget(connection)
             else:
                 self._readers[connection] = partial[-MAX_UNSENT:]
         self.received += len(found)
@@ -291,6 +314,13 @@ class FrontendFigures:
             # Several engine cores (data-parallel ranks) each write in order; the frontend needs one order.
             self._steps.extend(sorted(steps, key=_step_time) if len(self._readers) > 1 else steps)
         return found
+
+    def _forget(self, connection: socket.socket) -> None:
+        self._by_fd.pop(connection.fileno(), None)
+        with contextlib.suppress(KeyError, ValueError):  # never registered, or its descriptor gone
+            self._poll.unregister(connection)
+        connection.close()
+        del self._readers[connection]
 
     def take_steps(self) -> list[Step]:
         """The steps read so far (``drain``) and not taken yet, oldest first."""
@@ -304,7 +334,7 @@ class FrontendFigures:
     def close(self) -> None:
         for connection in self._readers:
             connection.close()
-        self._readers = {}
+        self._readers, self._by_fd, self._poll = {}, {}, select.poll()  # a later drain finds nothing
         self._listener.close()
 
 
