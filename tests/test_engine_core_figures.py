@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pytest
 
@@ -226,12 +227,17 @@ def test_engine_cores_that_come_and_go_are_each_read_and_a_closed_frontend_reads
         many = [(f"req-{i:06d}", 2.0 + i, i) for i in range(8000)]  # some 200 KB: several reads
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as second:
             second.connect(address(os.getpid(), 6))
-            second.sendall(encode(many))
+            # Written from a thread of its own, as an engine core writes from its process: more than a
+            # socket buffer may hold, so a write here would wait on the reads below.
+            writer = threading.Thread(target=second.sendall, args=(encode(many),))
+            writer.start()
             found: list[tuple[str, float, int]] = []
-            for _ in range(100):
+            for _ in range(2000):
                 found += frontend.drain()
                 if len(found) == len(many):
                     break
+                time.sleep(0.005)
+            writer.join(timeout=30)
         assert found == many
     finally:
         frontend.close()
