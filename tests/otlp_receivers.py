@@ -128,12 +128,16 @@ class _Receiver:
         self.delay_s = delay_s
         self.collected = Collected()
         self._stopping = threading.Event()
+        self._held_lock = threading.Lock()
+        self._held = 0
         # 0: an ephemeral port; a fixed one lets a test restart "the collector" where it was.
         self.port = port
 
     def _hold(self) -> bool:
         """Apply SLOW / BLACK_HOLE; return False when the request must be refused."""
         if self.mode is Mode.BLACK_HOLE:
+            with self._held_lock:
+                self._held += 1
             self._stopping.wait()
         elif self.mode is Mode.SLOW:
             self._stopping.wait(self.delay_s)
@@ -141,6 +145,13 @@ class _Receiver:
             self.collected.count_refused()
             return False
         return True
+
+    @property
+    def held(self) -> int:
+        """BLACK_HOLE: how many export requests arrived and are being held unanswered (all of them, until
+        the receiver stops)."""
+        with self._held_lock:
+            return self._held
 
     def __enter__(self) -> Any:
         self.start()
