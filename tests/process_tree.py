@@ -20,6 +20,29 @@ def _parents() -> dict[int, int]:
     return parents
 
 
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid``, at any depth."""
+    parents = _parents()
+    found = []
+    for child in parents:
+        up = child
+        while up in parents and up > 1:
+            up = parents[up]
+            if up == pid:
+                found.append(child)
+                break
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie counts as gone: it has ended, only unreaped)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
 def export_processes_below(pid: int) -> list[int]:
     """otel-llm's export processes among ``pid``'s descendants, at any depth."""
     parents = _parents()

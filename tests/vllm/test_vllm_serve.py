@@ -678,10 +678,17 @@ def test_zero_code_exports_every_histogram(zero_code: Server) -> None:
 def test_zero_code_vllms_own_spans_join_ours(zero_code: Server) -> None:
     """The distro set the global TracerProvider first. vLLM's --otlp-traces-endpoint then builds a
     provider of its own that cannot become global, and vLLM records its `llm_request` spans through
-    the global one: they go to the OTEL_* endpoint with otel_llm's, none to vLLM's endpoint."""
+    the global one: they go to the OTEL_* endpoint with otel_llm's, none to vLLM's endpoint. Each is
+    a child of its request's `llm.request`: one trace per request, not two roots (no caller
+    traceparent here, so vLLM alone would start a trace of its own)."""
     ours = span_dicts(zero_code.collected)
-    ids = {s["attributes"].get("gen_ai.request.id") for s in ours if s["name"] == "llm_request"}
-    assert {f"{s['id']}-0" for s in zero_code.extra["streams"]} <= ids
+    vllms = {s["attributes"].get("gen_ai.request.id"): s for s in ours if s["name"] == "llm_request"}
+    roots = roots_by_client_id(ours)
+    for stream in zero_code.extra["streams"]:
+        (root,) = roots[stream["id"]]
+        theirs_here = vllms[f"{stream['id']}-0"]
+        assert (theirs_here["trace_id"], theirs_here["parent_id"]) == (root["trace_id"], root["span_id"])
+        assert root["parent_id"] is None  # ours is the trace's root
     theirs = span_dicts(zero_code.extra["theirs"])
     assert not [s for s in theirs if s["name"] in ("llm_request", sc.SPAN_REQUEST)]
 

@@ -8,13 +8,30 @@ real receiver, the rescheduling probe in the engine core).
 
 from __future__ import annotations
 
+import signal
+import time
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
-from engine_tier import Server, latest_points, needs_engine, span_dicts, total
-from process_tree import export_processes_below
+from engine_tier import (
+    ENGINE_BIN,
+    Server,
+    engine_env,
+    latest_points,
+    needs_engine,
+    serve_args,
+    span_dicts,
+    start_server,
+    total,
+)
+from otlp_receivers import GrpcReceiver, Mode
+from ports import free_port
+from process_tree import alive, descendants, export_processes_below
 from test_vllm_serve import (
+    OTLP_FAST,
     STREAMS,
     assert_recompute_figures_are_the_engine_cores,
     assert_steps_reach_the_trackers_as_the_engine_core_made_them,
@@ -48,6 +65,10 @@ def two_api_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server
 
 
 def test_every_request_is_one_whole_trace_exactly_once(two_api_servers: Server) -> None:
+    assert_every_request_is_one_whole_trace_exactly_once(two_api_servers)
+
+
+def assert_every_request_is_one_whole_trace_exactly_once(two_api_servers: Server) -> None:
     spans = span_dicts(two_api_servers.collected)
     ids = Counter(s["span_id"] for s in spans)
     assert not [i for i, n in ids.items() if n > 1], "a span arrived twice"
@@ -93,6 +114,12 @@ def test_each_api_server_exports_under_its_own_instance_and_their_sums_are_vllms
 ) -> None:
     """Each API server's metrics are a stream of their own (``service.instance.id``); over both, the
     requests and tokens equal vLLM's /metrics, which adds its API servers up."""
+    assert_each_api_server_exports_under_its_own_instance_and_their_sums_are_vllms(two_api_servers)
+
+
+def assert_each_api_server_exports_under_its_own_instance_and_their_sums_are_vllms(
+    two_api_servers: Server,
+) -> None:
     vllm = two_api_servers.extra["prometheus"]
     expected = {
         "requests": vllm["vllm:request_success_total"],
@@ -120,3 +147,164 @@ def test_each_api_server_exports_under_its_own_instance_and_their_sums_are_vllms
             if sc.METRIC_REQUESTS in names:
                 instances.add(resource.get("service.instance.id", ""))
     assert len(instances) == 2 and "" not in instances, instances
+
+
+# --- opentelemetry-instrument ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def distro_two_api_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """`opentelemetry-instrument vllm serve --api-server-count 2`: the SDK's providers in every API
+    server, built from OTEL_* by the distro, whose resource detectors give each its own
+    service.instance.id (opentelemetry-sdk 1.45 and later; the engine's virtualenv has 1.45.2)."""
+    tmp = tmp_path_factory.mktemp("vllm-distro-api-servers")
+    receiver = GrpcReceiver()
+    receiver.start()
+    port = free_port()
+    env = engine_env(
+        tmp,
+        OTEL_SERVICE_NAME="vllm-distro-api-servers",
+        OTEL_TRACES_EXPORTER="otlp",
+        OTEL_METRICS_EXPORTER="otlp",
+        OTEL_LOGS_EXPORTER="none",
+        OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
+        OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
+        **OTLP_FAST,
+    )
+    command = [
+        str(ENGINE_BIN / "opentelemetry-instrument"),
+        str(ENGINE_BIN / "vllm"),
+        *serve_args(port, "--api-server-count", "2", "--shutdown-timeout", "6"),
+    ]
+    server = start_server(command, env, tmp / "serve.log", receiver.collected, port)
+    try:
+        server.extra["streams"] = concurrent_streams(server) + concurrent_streams(server)
+
+        def arrived(collected: object) -> bool:
+            return sum(s["name"] == sc.SPAN_REQUEST for s in span_dicts(server.collected)) >= 2 * STREAMS
+
+        assert server.collected.wait_until(arrived, timeout_s=WAIT_S), server.output()[-4000:]
+        server.extra["prometheus"] = prometheus(server)
+        yield server
+    finally:
+        server.stop()
+        receiver.stop()
+
+
+def test_distro_every_request_is_one_whole_trace_exactly_once(distro_two_api_servers: Server) -> None:
+    assert_every_request_is_one_whole_trace_exactly_once(distro_two_api_servers)
+
+
+def test_distro_each_api_server_exports_under_its_own_instance_and_their_sums_are_vllms(
+    distro_two_api_servers: Server,
+) -> None:
+    assert_each_api_server_exports_under_its_own_instance_and_their_sums_are_vllms(distro_two_api_servers)
+    lines = [line for line in distro_two_api_servers.output().splitlines() if "otel_llm" in line]
+    assert not [line for line in lines if "under one resource" in line or "--shutdown-timeout" in line]
+
+
+# --- stopping ------------------------------------------------------------------------------------------
+
+# vLLM's launcher kills the API servers' process trees --shutdown-timeout seconds after SIGTERM.
+KILLED = "force killing remaining process ApiServer"
+GAVE_UP = "did not finish within"  # otel_llm's line when a flush ran past its budget
+
+
+def test_the_default_shutdown_timeout_is_named_at_start_with_the_one_that_keeps_the_telemetry(
+    two_api_servers: Server,
+) -> None:
+    """vLLM's default --shutdown-timeout (0) kills the API servers at once: said at start, with the
+    value that lets OTEL_LLM_SHUTDOWN_TIMEOUT (5 s by default) + 1 s run."""
+    lines = [line for line in two_api_servers.output().splitlines() if "--shutdown-timeout" in line]
+    assert lines and all("otel_llm" in line and "pass --shutdown-timeout 6" in line for line in lines), lines
+
+
+def stop_two_api_servers(
+    tmp: Path, receiver: GrpcReceiver, budget_s: int, **env_extra: str
+) -> dict[str, Any]:
+    """`vllm serve --api-server-count 2 --shutdown-timeout <budget + 1>` exporting to ``receiver``: a
+    round of streams, then SIGTERM to the main process, as an orchestrator stops a deployment. Returns
+    the seconds until every process of the server had ended, which are left, and the server's output."""
+    port = free_port()
+    env = engine_env(
+        tmp,
+        OTEL_LLM_VLLM_CONFIGURE="1",
+        OTEL_SERVICE_NAME="vllm-api-servers-stop",
+        OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
+        OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
+        OTEL_LLM_SHUTDOWN_TIMEOUT=str(budget_s),
+        **{**OTLP_FAST, **env_extra},
+    )
+    wait = str(budget_s + 1)
+    command = [
+        str(ENGINE_BIN / "vllm"),
+        *serve_args(port, "--api-server-count", "2", "--shutdown-timeout", wait),
+    ]
+    server = start_server(command, env, tmp / "serve.log", receiver.collected, port)
+    try:
+        concurrent_streams(server)
+        deadline = time.monotonic() + WAIT_S
+        while len(export_processes_below(server.proc.pid)) < 2:
+            assert time.monotonic() < deadline, server.output()[-4000:]
+            time.sleep(0.2)
+        if receiver.mode is Mode.BLACK_HOLE:  # both export processes stuck inside an export
+            while receiver.held < 2:
+                assert time.monotonic() < deadline, (receiver.held, server.output()[-4000:])
+                time.sleep(0.2)
+        tree = descendants(server.proc.pid)
+        server.proc.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        server.proc.wait(timeout=120)
+        while [p for p in tree if alive(p)] and time.monotonic() - sent < 120:
+            time.sleep(0.05)
+        return {
+            "took": time.monotonic() - sent,
+            "left": [p for p in tree if alive(p)],
+            "output": server.output(),
+        }
+    finally:
+        server.stop()
+
+
+def test_sigterm_with_a_stuck_collector_ends_every_process_within_the_budget(tmp_path: Path) -> None:
+    """The collector holds every export unanswered and the exporters' own timeout (600 s) is far beyond
+    any budget. Each API server gives its telemetry OTEL_LLM_SHUTDOWN_TIMEOUT (2 s), says what it
+    dropped and ends by itself, inside the --shutdown-timeout that vLLM's launcher waits before it kills;
+    no process of the server is left, the export processes included."""
+    receiver = GrpcReceiver(mode=Mode.BLACK_HOLE)
+    receiver.start()
+    try:
+        stopped = stop_two_api_servers(tmp_path, receiver, 2, OTEL_EXPORTER_OTLP_TIMEOUT="600")
+    finally:
+        receiver.stop()
+    output = stopped["output"]
+    assert not stopped["left"], f"still running {stopped['took']:.1f} s after SIGTERM\n{output[-4000:]}"
+    assert KILLED not in output, output[-4000:]  # they ended before vLLM's launcher gave up on them
+    gave_up = [line for line in output.splitlines() if GAVE_UP in line and "dropped" in line]
+    assert len(gave_up) >= 2, output[-4000:]  # each API server said what it could not send
+    assert "--shutdown-timeout" not in "".join(line for line in output.splitlines() if "otel_llm" in line)
+    print(f"two API servers, a stuck collector: every process gone {stopped['took']:.1f} s after SIGTERM")
+
+
+def test_sigterm_with_a_healthy_collector_delivers_each_api_servers_last_metrics(tmp_path: Path) -> None:
+    """Metrics exported only at shutdown (a one-hour interval): after SIGTERM, both API servers' counts
+    arrive, and together they count every request."""
+    receiver = GrpcReceiver()
+    receiver.start()
+    try:
+        stopped = stop_two_api_servers(tmp_path, receiver, 5, OTEL_METRIC_EXPORT_INTERVAL="3600000")
+        points = latest_points(receiver.collected)
+    finally:
+        receiver.stop()
+    output = stopped["output"]
+    assert not stopped["left"] and KILLED not in output, output[-4000:]
+    assert GAVE_UP not in output, output[-4000:]
+    assert total(points.get(sc.METRIC_REQUESTS, []), "value") == STREAMS, output[-4000:]
+    instances = {
+        kv.value.string_value
+        for export in receiver.collected.received("metrics")
+        for rm in export.request.resource_metrics
+        for kv in rm.resource.attributes
+        if kv.key == "service.instance.id"
+    }
+    assert len(instances) == 2, instances  # both API servers flushed theirs

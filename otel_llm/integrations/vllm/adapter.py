@@ -642,6 +642,21 @@ class VLLMAdapter:
                 otel_context.detach(token)
         self._live[request_id] = pending.tracker
 
+    def parent_headers(self, request_id: str, headers: Mapping[str, str] | None) -> dict[str, str] | None:
+        """The W3C headers that put vLLM's own ``llm_request`` span (its ``--otlp-traces-endpoint``
+        tracing) under this request's ``llm.request``: ``headers``, the caller's as vLLM carries them,
+        with the traceparent of our span instead of theirs (their tracestate is ours too, as ours
+        continues the caller's). None for a request not followed, whose headers vLLM keeps."""
+        tracker = self._live.get(request_id)
+        if tracker is None:
+            return None
+        traceparent = tracker.traceparent(request_id)
+        if traceparent is None:
+            return None
+        merged = {k: v for k, v in (headers or {}).items() if k.lower() != "traceparent"}
+        merged["traceparent"] = traceparent
+        return merged
+
     def _finish(self, request_id: str, reason: str, ts: float, error: str | None) -> None:
         tracker = self._live.pop(request_id)
         self._evicted.discard(request_id)

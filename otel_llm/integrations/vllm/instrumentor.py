@@ -2,7 +2,9 @@
 
 It wraps three methods of the frontend's ``OutputProcessor`` class (``add_request``,
 ``process_outputs``, ``abort_requests``) and, where vLLM has it, a fourth (``update_scheduler_stats``,
-which receives the engine's ``SchedulerStats`` once per step), the engine core ``Scheduler.__init__`` (to
+which receives the engine's ``SchedulerStats`` once per step) and a fifth (``do_tracing``, where vLLM's own
+tracing starts its ``llm_request`` span: given our ``llm.request`` as its parent, so both are one trace),
+the engine core ``Scheduler.__init__`` (to
 turn on stats logging, without which the engine core sends no request events and no ``SchedulerStats``)
 and ``Scheduler.schedule`` (only read: what a rescheduling found cached, kept for a frontend in the same
 process, see ``rescheduling``),
@@ -24,6 +26,7 @@ import contextvars
 import importlib
 import importlib.util
 import logging
+import math
 import os
 import sys
 import threading
@@ -55,6 +58,9 @@ _WRAPPED_METHODS = ("add_request", "process_outputs", "abort_requests")
 # with that step's SchedulerStats, whether or not the frontend logs stats itself. Without it (older vLLM)
 # the integration works, minus the engine's own state.
 _STATS_METHOD = "update_scheduler_stats"
+# Optional: where vLLM's own tracing (--otlp-traces-endpoint) starts its ``llm_request`` span of a finished
+# request, from the trace headers of that request's last output. Wrapped so that span is a child of ours.
+_TRACING_METHOD = "do_tracing"
 _EVENT_NAMES = ("QUEUED", "SCHEDULED", "PREEMPTED")
 # Engines whose __init__ builds the frontend's OutputProcessor next to a model config.
 _ENGINES = (("vllm.v1.engine.llm_engine", "LLMEngine"), ("vllm.v1.engine.async_llm", "AsyncLLM"))
@@ -320,6 +326,9 @@ def _patch_vllm() -> None:
                     "reported",
                     _STATS_METHOD,
                 )
+            do_tracing = processor_cls.__dict__.get(_TRACING_METHOD)
+            if callable(do_tracing):
+                patch.replace(processor_cls, _TRACING_METHOD, _wrap_do_tracing(do_tracing))
             if scheduler_cls is not None:
                 patch.replace(scheduler_cls, "__init__", _stats_on(scheduler_cls.__init__))
                 if callable(scheduler_cls.__dict__.get("schedule")):
@@ -378,6 +387,7 @@ def _note_server(sock: Any, args: Any) -> None:
     socket's path (--uds). vLLM's answers name its first served model name (``gen_ai.response.model``,
     added per tracker), or the LoRA adapter a request asked for: with ``--enable-lora`` it is left out."""
     VLLMInstrumentor._lora = bool(getattr(args, "enable_lora", False))
+    _warn_of_several_api_servers(args)
     uds = getattr(args, "uds", None)
     if isinstance(uds, str) and uds:
         VLLMInstrumentor._server = server_attributes(None, None, unix_socket=uds)
@@ -386,6 +396,59 @@ def _note_server(sock: Any, args: Any) -> None:
     port = bound[1] if isinstance(bound, tuple) and len(bound) >= 2 else None
     host = getattr(args, "host", None)
     VLLMInstrumentor._server = server_attributes(host if isinstance(host, str) else None, port)
+
+
+def _warn_of_several_api_servers(args: Any) -> None:
+    """At an API server's start under ``vllm serve --api-server-count N`` (N > 1), what would lose or
+    mix up its telemetry, said once with what to set. Nothing with one API server."""
+    count = getattr(args, "api_server_count", None)
+    if not (isinstance(count, int) and count > 1):
+        return
+    _warn_if_stopped_before_flushing(count, getattr(args, "shutdown_timeout", None))
+    if os.environ.get(ENV_CONFIGURE, "").strip().lower() not in ("1", "true", "yes"):
+        _warn_if_one_resource(count)  # _configure_if_asked() gives each process its own instance
+
+
+def _warn_if_stopped_before_flushing(count: int, wait: Any) -> None:
+    """vLLM's launcher stops several API servers on SIGTERM by waiting ``--shutdown-timeout`` seconds
+    (default 0) and then killing each one's process tree, export processes included: an API server
+    still flushing loses its last telemetry without a word. Said with the value that lets the flush
+    finish: our budget + 1 s of grace."""
+    if not isinstance(wait, (int, float)):
+        return
+    from otel_llm.setup import shutdown_timeout
+
+    try:
+        needed = math.ceil(shutdown_timeout(None) + 1.0)
+    except ValueError:
+        return  # configure() says what is wrong with it
+    if wait < needed:
+        _warn_once(
+            "otel_llm: vllm serve --api-server-count %d kills its API servers %s s after SIGTERM "
+            "(--shutdown-timeout); each needs up to %d s to send its last telemetry "
+            "(OTEL_LLM_SHUTDOWN_TIMEOUT + 1 s), which is lost otherwise: pass --shutdown-timeout %d",
+            count,
+            wait,
+            needed,
+            needed,
+        )
+
+
+def _warn_if_one_resource(count: int) -> None:
+    """Providers built by ``opentelemetry-instrument`` take the resource the SDK's detectors give. Before
+    opentelemetry-sdk 1.45 that has no ``service.instance.id`` unless asked for: every API server then
+    exports its cumulative metrics as the same stream, and a backend keeps whichever came last."""
+    from opentelemetry.sdk.resources import Resource
+
+    if "service.instance.id" in Resource.create().attributes:
+        return
+    _warn_once(
+        "otel_llm: the %d API servers of vllm serve export their metrics under one resource with no "
+        "service.instance.id, so a backend takes their counters for one stream: opentelemetry-sdk 1.45 "
+        "or later gives each process its own; with 1.43 or 1.44, add service_instance to "
+        "OTEL_EXPERIMENTAL_RESOURCE_DETECTORS; or set OTEL_LLM_VLLM_CONFIGURE=1",
+        count,
+    )
 
 
 def _find_vllm() -> tuple[type, type | None] | None:
@@ -676,6 +739,24 @@ def _wrap_update_scheduler_stats(original: Callable[..., Any]) -> Callable[..., 
 
     update_scheduler_stats.__wrapped__ = original  # type: ignore[attr-defined]
     return update_scheduler_stats
+
+
+def _wrap_do_tracing(original: Callable[..., Any]) -> Callable[..., Any]:
+    # vLLM calls it only with its own tracing on, once per finished request, inside process_outputs and
+    # so before the adapter's settle() finishes the request: our llm.request is still open to ask.
+    def do_tracing(self: Any, output: Any, *args: Any, **kwargs: Any) -> Any:
+        adapter = _adapter_of(self)
+        if adapter is not None:
+            try:
+                headers = adapter.parent_headers(output.request_id, output.trace_headers)
+                if headers is not None:
+                    output.trace_headers = headers
+            except Exception:
+                _step_failed("do_tracing")
+        return original(self, output, *args, **kwargs)
+
+    do_tracing.__wrapped__ = original  # type: ignore[attr-defined]
+    return do_tracing
 
 
 # The adapter found last, with the adapters' map it came from and its processor (weakly): a frontend
