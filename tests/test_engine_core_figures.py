@@ -13,9 +13,11 @@ import sys
 import textwrap
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
+from otel_llm.integrations.vllm.compositions import MAX_PENDING_STEPS
 from otel_llm.integrations.vllm.engine_core_figures import (
     EngineCoreFigures,
     FrontendFigures,
@@ -93,6 +95,36 @@ def test_a_steps_figures_and_its_line_arrive_together() -> None:
         assert frontend.take_steps() == [(TS, {"req-1": 32, "req-2": 1}, ["req-1"])]
     finally:
         frontend.close()
+
+
+def test_an_api_server_whose_requests_all_wait_still_gets_its_next_figure_before_its_outputs() -> None:
+    """Two API servers; for 2000 steps only the first one's request runs, and the second reads nothing
+    (a frontend reads as its outputs arrive, and it has none). Then its own request is rescheduled: in
+    the one read that comes before that step's outputs, the figure is there, after the steps it missed
+    that its frontend keeps (the newest MAX_PENDING_STEPS), in order. Sent one write per step, those steps
+    would have filled the stream's buffer long before (some 280 small writes), and the figure would wait
+    behind them in the engine core."""
+    first, second = FrontendFigures(os.getpid(), 20), FrontendFigures(os.getpid(), 21)
+    requests = {"a": SimpleNamespace(client_index=20), "b": SimpleNamespace(client_index=21)}
+    try:
+        sender = EngineCoreFigures()
+        sender._parent = os.getpid()
+        sender.clients = {20, 21}
+        for k in range(2000):
+            sender.send([], (float(k), {"a": 1}, 1, None), requests)
+            if k % 50 == 0:
+                first.drain()  # the first API server reads as its outputs arrive
+        sender.send([("b", 2000.5, 32, 21)], (2000.0, {"a": 1, "b": 7}, 8, ["b"]), requests)
+        assert second.drain() == [("b", 2000.5, 32)]
+        steps = second.take_steps()
+        assert [ts for ts, _, _ in steps] == [float(k) for k in range(2000 - MAX_PENDING_STEPS + 1, 2001)]
+        assert steps[-1] == (2000.0, {"a": 1, "b": 7}, ["b"])
+        first.drain()
+        assert len(first.take_steps()) == MAX_PENDING_STEPS  # it took none: the newest are kept
+        assert (sender.lost, sender.steps_lost) == (0, 0)
+    finally:
+        first.close()
+        second.close()
 
 
 def test_a_child_engine_cores_steps_reach_every_frontend_it_knows_in_order() -> None:

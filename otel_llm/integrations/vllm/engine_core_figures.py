@@ -47,7 +47,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import logging
+import operator
 import os
 import select
 import socket
@@ -148,6 +150,9 @@ class EngineCoreFigures:
         self.lost = 0  # figures that could not be
         self.steps_sent = 0  # step lines written (or held), summed over frontends
         self.steps_lost = 0
+        # Step lines for a client none of whose requests is in the step, by client index: written with
+        # its next write (``send``); no more than its frontend keeps of the steps it has not taken.
+        self._held: dict[int, deque[bytes]] = {}
         self._warned = False
 
     def learn(self, scheduler: Any, output: Any) -> None:
@@ -161,26 +166,44 @@ class EngineCoreFigures:
         self,
         found: list[tuple[str, float, int, int]],
         step: tuple[float, Mapping[str, int], Any, list[str] | None] | None = None,
+        requests: Mapping[str, Any] | None = None,
     ) -> None:
         """``found``: (request id, SCHEDULED timestamp, cached tokens, client index) of each rescheduling,
         to its client's frontend; ``step``: ``encode_step``'s arguments, to the frontend of every client
-        index seen. One write per frontend."""
+        index seen. At most one write per frontend.
+
+        ``requests``: the scheduler's requests by id (their ``client_index``). With several clients, a
+        step none of whose requests is a client's is held for it and written with its next write, the
+        one that comes before its next outputs. A frontend reads only as its outputs arrive, and a Unix
+        stream's buffer takes some 280 small writes (each costs about 770 bytes of it, whatever it holds):
+        an API server whose requests all wait would otherwise fill it, and the figure of its next
+        rescheduling would wait behind it, to arrive after the outputs it belongs to."""
         by_client: dict[int, list[tuple[str, float, int]]] = {}
         for rid, ts, cached, client in found:
             by_client.setdefault(client, []).append((rid, ts, cached))
         line = b""
         if step is not None:
             line = encode_step(*step)
-            for client in self.clients:
-                by_client.setdefault(client, [])
+            clients = self.clients
+            present = clients
+            if len(clients) > 1 and requests:
+                present = _clients_in(step[1], requests, len(clients)) or clients
+            for client in clients:
+                if client in present or client in by_client:
+                    by_client.setdefault(client, [])
+                else:
+                    self._hold(client, line)
         for client, figures in by_client.items():
             with_step = bool(line) and client in self.clients
-            if self._write(client, encode(figures) + line if with_step else encode(figures)):
+            data = encode(figures) + line if with_step else encode(figures)
+            held = self._held.pop(client, None) if self._held else None
+            steps = with_step + (len(held) if held else 0)
+            if self._write(client, b"".join(held) + data if held else data):
                 self.sent += len(figures)
-                self.steps_sent += with_step
+                self.steps_sent += steps
             else:
                 self.lost += len(figures)
-                self.steps_lost += with_step
+                self.steps_lost += steps
 
     def _write(self, client: int, data: bytes) -> bool:
         """Write ``data`` (whole lines) to the frontend of ``client`` without blocking; False: lost."""
@@ -232,6 +255,29 @@ class EngineCoreFigures:
         if not self._warned:
             self._warned = True  # the frontend sees each missing figure and warns there too
             _log.warning("otel_llm: could not send the engine core's figures to the frontend: %s", why)
+
+    def _hold(self, client: int, line: bytes) -> None:
+        """Keep ``line`` for ``client``'s next write. The oldest go past what the frontend keeps of the
+        steps it has not taken (MAX_PENDING_STEPS): it would drop them there."""
+        held = self._held.get(client)
+        if held is None:
+            held = self._held[client] = deque(maxlen=MAX_PENDING_STEPS)
+        held.append(line)
+
+
+_CLIENT = operator.attrgetter("client_index")
+
+
+def _clients_in(scheduled: Mapping[str, int], requests: Mapping[str, Any], wanted: int) -> set[int] | None:
+    """The client indexes of the requests in a step (None: a request without one, so every client). The
+    first few requests usually hold one of each API server; else all are looked up, at C speed."""
+    try:
+        present = set(map(_CLIENT, map(requests.__getitem__, itertools.islice(scheduled, 4))))
+        if len(present) < wanted:
+            present.update(map(_CLIENT, map(requests.__getitem__, scheduled)))
+    except (KeyError, AttributeError, TypeError):
+        return None
+    return {c if isinstance(c, int) else 0 for c in present}  # as learn() counts them
 
 
 class FrontendFigures:

@@ -550,7 +550,7 @@ def _send(sender: EngineCoreFigures, scheduler: Any, output: Any, ts: float, adm
         total = getattr(output, "total_num_scheduled_tokens", None)
         step = (ts, scheduled, total, recomputing(getattr(scheduler, "requests", {}), scheduled, total))
     if found or step:
-        sender.send(found or [], step)
+        sender.send(found or [], step, getattr(scheduler, "requests", None))
 
 
 def _pull_engine_core_steps() -> None:
