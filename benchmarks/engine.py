@@ -38,7 +38,7 @@ def one_run(
     160 KV blocks (of 16 tokens) is the stress workload: about a third of the requests are preempted.
     The engine thread's CPU time is reported beside the wall clock because it leaves out the time this
     process waited for a core: on a shared machine it moves much less from run to run."""
-    from otel_llm.engine import EngineConfig, LLMEngine
+    from otel_llm.kit.engine import EngineConfig, LLMEngine
 
     engine = LLMEngine(
         EngineConfig(

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 import otel_llm
-from otel_llm.engine import EngineConfig, LLMEngine
+from otel_llm.kit.engine import EngineConfig, LLMEngine
 
 
 def run_folder() -> Path:

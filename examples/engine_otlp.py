@@ -15,7 +15,7 @@ import os
 import random
 
 import otel_llm
-from otel_llm.engine import EngineConfig, LLMEngine
+from otel_llm.kit.engine import EngineConfig, LLMEngine
 
 SMOKE = os.environ.get("OTEL_LLM_EXAMPLE_SMOKE") == "1"  # tests run every example small
 REQUESTS = 4 if SMOKE else 24

@@ -47,7 +47,7 @@ def start_server(folder: Path) -> tuple[subprocess.Popen[bytes], str]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    command = [sys.executable, "-m", "otel_llm.cli", "serve", "--port", str(port), "--kv-blocks", "16"]
+    command = [sys.executable, "-m", "otel_llm.kit.cli", "serve", "--port", str(port), "--kv-blocks", "16"]
     command += ["--output-dir", str(folder)]
     server = subprocess.Popen([*command, "--log-level", "warning"])
     base_url = f"http://127.0.0.1:{port}"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from otel_llm import _moved
 from otel_llm._version import __version__
 
 if TYPE_CHECKING:
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
     from otel_llm.tracker import RequestTracker
 
 __all__ = ["RequestTracker", "TailSampling", "__version__", "configure"]
+
+_moved.install()  # old names of the modules that moved to otel_llm.kit, with a DeprecationWarning
 
 
 def __getattr__(name: str):  # imported on first use: `import otel_llm.integrations...` stays cheap

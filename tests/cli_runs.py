@@ -41,7 +41,7 @@ def environment(**extra: str) -> dict[str, str]:
 
 def cli(*args: str, cwd: Path | None = None, timeout_s: float = 180, **env: str) -> Run:
     done = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "otel_llm.cli", *args],
+        [sys.executable, "-X", "importtime", "-m", "otel_llm.kit.cli", *args],
         cwd=cwd,
         env=environment(**env),
         capture_output=True,

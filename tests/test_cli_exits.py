@@ -63,7 +63,7 @@ COLLECTORS = ["dead", "refusing", "black_hole", "grpc_black_hole"]
 def run_demo(cwd: Path, **otel: str) -> tuple[subprocess.CompletedProcess[str], float]:
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "otel_llm.cli", "demo", "--requests", "3"],
+        [sys.executable, "-m", "otel_llm.kit.cli", "demo", "--requests", "3"],
         cwd=cwd,
         env=cli_env(**otel),
         capture_output=True,
@@ -105,7 +105,7 @@ def test_a_demo_writing_files_says_how_to_send_them_to_a_collector(tmp_path: Pat
     hint = [line for line in done.stdout.splitlines() if "OTEL_EXPORTER_OTLP_ENDPOINT=" in line]
     assert len(hint) == 1 and "Jaeger" in hint[0], done.stdout
     helped = subprocess.run(
-        [sys.executable, "-m", "otel_llm.cli", "demo", "--help"],
+        [sys.executable, "-m", "otel_llm.kit.cli", "demo", "--help"],
         env=cli_env(),
         capture_output=True,
         text=True,
@@ -118,7 +118,7 @@ def test_a_demo_writing_files_says_how_to_send_them_to_a_collector(tmp_path: Pat
 def server(tmp_path: Path, otel: dict[str, str], *args: str) -> Iterator[tuple[subprocess.Popen, int]]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "otel_llm.cli", "serve", "--port", str(port), "--log-level", "warning", *args],
+        [sys.executable, "-m", "otel_llm.kit.cli", "serve", "--port", str(port), "--log-level", "warning", *args],
         cwd=tmp_path,
         env=cli_env(**otel),
         stdout=subprocess.DEVNULL,
@@ -469,7 +469,7 @@ def test_demo_disaggregated_says_what_each_worker_delivered(tmp_path: Path) -> N
     collector received from it (by its service.name)."""
     with HttpReceiver(Mode.ACCEPT) as rx:
         done = subprocess.run(
-            [sys.executable, "-m", "otel_llm.cli", "demo", "--disaggregated", "--requests", "3"],
+            [sys.executable, "-m", "otel_llm.kit.cli", "demo", "--disaggregated", "--requests", "3"],
             cwd=tmp_path,
             # A budget a busy machine cannot run out of: this test is about what each worker says it
             # delivered, not about the budget (test_demo_exits_within_the_shutdown_budget is).

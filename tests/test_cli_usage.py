@@ -3,7 +3,7 @@ folder that cannot be written are one line, exit status 2, found before torch is
 which needs torch, still one line and 2), and leave no run folder behind.
 
 Real subprocesses of the CLI (tests/cli_runs.py), a real listening socket for the port in use, real
-folders; the probe of an output folder in-process (otel_llm.commands.preflight).
+folders; the probe of an output folder in-process (otel_llm.kit.commands.preflight).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from otel_llm.cli import build_parser
-from otel_llm.commands import preflight
+from otel_llm.kit.cli import build_parser
+from otel_llm.kit.commands import preflight
 from tests.cli_runs import cli, environment
 from tests.otlp_receivers import closed_port
 
@@ -161,7 +161,7 @@ def test_port_0_says_where_it_listens_and_the_spans_say_the_same(tmp_path: Path)
     pytest.importorskip("torch", reason="the reference engine needs the torch extra")
     pytest.importorskip("fastapi", reason="the serve extra")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "otel_llm.cli", "serve", "--port", "0"],
+        [sys.executable, "-m", "otel_llm.kit.cli", "serve", "--port", "0"],
         cwd=tmp_path,
         env=environment(PYTHONUNBUFFERED="1", OTEL_LLM_SHUTDOWN_TIMEOUT="2"),
         stdout=subprocess.DEVNULL,
@@ -212,7 +212,7 @@ def test_serve_with_the_sdk_disabled_says_so_and_reports_no_delivery(tmp_path: P
     pytest.importorskip("fastapi", reason="the serve extra")
     endpoint = f"http://127.0.0.1:{closed_port()}"  # nothing listens: no warning either, nothing is sent
     proc = subprocess.Popen(
-        [sys.executable, "-m", "otel_llm.cli", "serve", "--port", "0"],
+        [sys.executable, "-m", "otel_llm.kit.cli", "serve", "--port", "0"],
         cwd=tmp_path,
         env=environment(PYTHONUNBUFFERED="1", OTEL_SDK_DISABLED="true", OTEL_EXPORTER_OTLP_ENDPOINT=endpoint),
         stdout=subprocess.DEVNULL,

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from otel_llm import semconv
-from otel_llm.engine import telemetry as engine_telemetry
+from otel_llm.kit.engine import telemetry as engine_telemetry
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "collector-config"
 LOCAL = CONFIG_DIR / "local"
@@ -346,7 +346,7 @@ def metric_kinds() -> dict[str, tuple[str, str]]:
         table[name] = ("counter", s.UNIT_TOKEN)
     table[s.METRIC_STEP_TOKENS] = ("histogram", s.UNIT_TOKEN)
     table[s.METRIC_PROMPT_TOKENS] = ("counter", s.UNIT_TOKEN)
-    # The reference engine's KV-cache gauges (otel_llm.engine.telemetry).
+    # The reference engine's KV-cache gauges (otel_llm.kit.engine.telemetry).
     table[engine_telemetry.METRIC_KV_BLOCKS_USED] = ("gauge", engine_telemetry.UNIT_BLOCK)
     table[engine_telemetry.METRIC_KV_BLOCKS_TOTAL] = ("gauge", engine_telemetry.UNIT_BLOCK)
     return table

@@ -131,7 +131,7 @@ def test_the_cli_says_the_file_decides_and_sends_where_it_says(tmp_path: Path) -
         env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
         env.update(OTEL_CONFIG_FILE=str(path), PYTHONPATH=str(ROOT), OTEL_LLM_SHUTDOWN_TIMEOUT="5")
         done = subprocess.run(
-            [sys.executable, "-m", "otel_llm.cli", "demo", "--requests", "2"],
+            [sys.executable, "-m", "otel_llm.kit.cli", "demo", "--requests", "2"],
             cwd=tmp_path,
             env=env,
             capture_output=True,

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.M | re.S)
 NOT_RUN = re.compile(r"<!-- not run: (.+?) -->\s*$")
-CLI = "import sys; from otel_llm.cli import main; sys.exit(main(sys.argv[1:]))"
+CLI = "import sys; from otel_llm.kit.cli import main; sys.exit(main(sys.argv[1:]))"
 REPO_PATH = re.compile(r"`((?:otel_llm|examples|tests|collector-config|benchmarks|docs|\.ci)/[^`\s]*)`")
 TIMEOUT_S = 180
 

@@ -1,4 +1,4 @@
-"""The table of environment checks (otel_llm.commands.env_check) against the SDK's own lists of variables:
+"""The table of environment checks (otel_llm.kit.commands.env_check) against the SDK's own lists of variables:
 every variable the SDK names is either checked or said not to be read, every checked one rejects a bad
 value naming it and that value, and takes the values its reader takes.
 
@@ -13,7 +13,7 @@ import opentelemetry.environment_variables as api_variables
 import opentelemetry.sdk.environment_variables as sdk_variables
 import pytest
 
-from otel_llm.commands import env_check
+from otel_llm.kit.commands import env_check
 
 CHECKED = {name for rule in env_check.RULES for name in rule.names}
 

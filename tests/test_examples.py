@@ -238,7 +238,7 @@ def test_server_openai_client_writes_both_sides_into_its_run_folder(tmp_path: Pa
     assert len(roots) == 2 and {s["traceId"] for s in roots} == {trace_id}
     assert f"otel-llm view {folder} --list" in out
     viewed = subprocess.run(
-        [sys.executable, "-m", "otel_llm.cli", "view", str(folder), "--list"],
+        [sys.executable, "-m", "otel_llm.kit.cli", "view", str(folder), "--list"],
         capture_output=True,
         text=True,
         timeout=TIMEOUT_S,

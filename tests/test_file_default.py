@@ -30,7 +30,7 @@ from otlp_receivers import CALLER_TRACE_ID, attributes, drive_scenario
 from span_keys import otlp_keys, sdk_keys
 
 from otel_llm import semconv as sc
-from otel_llm.commands.local_copy import tracker_with_local_copy
+from otel_llm.kit.commands.local_copy import tracker_with_local_copy
 from otel_llm.export.otlp_json import OtlpJsonSpanExporter
 from otel_llm.setup import configure
 

@@ -25,7 +25,7 @@ from otel_llm import semconv as sc
 pytest.importorskip("torch", reason="the reference engine needs the torch extra")
 openai = pytest.importorskip("openai")
 
-from otel_llm.commands.view import load_all  # noqa: E402
+from otel_llm.kit.commands.view import load_all  # noqa: E402
 from tests.ports import free_port  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,7 +46,7 @@ def start(tmp: Path, port: int) -> subprocess.Popen[str]:
     args = ["--disaggregated", "--prefill-kv-blocks", "14", "--decode-kv-blocks", "16"]
     args += ["--port", str(port), "--log-level", "warning", "--graceful-timeout", str(GRACEFUL_S)]
     args += ["--output-dir", str(tmp / "out")]
-    cmd = [sys.executable, "-m", "otel_llm.cli", "serve", *args]
+    cmd = [sys.executable, "-m", "otel_llm.kit.cli", "serve", *args]
     out, err = subprocess.DEVNULL, subprocess.PIPE
     return subprocess.Popen(cmd, cwd=tmp, env=env, stdout=out, stderr=err, text=True)
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 
 from otel_llm import semconv as sc
-from otel_llm.waterfall import from_readable_spans, group_requests
-from otel_llm.waterfall_render import STALL, render_lines
+from otel_llm.kit.waterfall import from_readable_spans, group_requests
+from otel_llm.kit.waterfall_render import STALL, render_lines
 
 pytestmark = pytest.mark.both_modes
 
@@ -317,7 +317,7 @@ def test_view_why_tells_the_stalls_from_the_files(tmp_path, capsys):
     engine that never called batch() says so."""
     from view_files import tracker_file
 
-    from otel_llm.cli import main
+    from otel_llm.kit.cli import main
 
     path = tracker_file(tmp_path / "run", prefill_story)
     assert main(["view", str(path), "--why", "r1"]) == 0

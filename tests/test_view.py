@@ -23,8 +23,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from otel_llm import RequestTracker
 from otel_llm import semconv as sc
 from otel_llm._version import __version__
-from otel_llm.cli import main
-from otel_llm.commands.view import STYLES, fmt_duration
+from otel_llm.kit.cli import main
+from otel_llm.kit.commands.view import STYLES, fmt_duration
 from otel_llm.export.otlp_json import OtlpJsonSpanExporter
 from tests.view_files import tracker_file
 
@@ -258,7 +258,7 @@ class Missing:
         if name.split(".")[0] in ("rich", "torch"):
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 sys.meta_path.insert(0, Missing())
-from otel_llm.cli import main
+from otel_llm.kit.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -289,7 +289,7 @@ def test_a_reader_that_leaves_early_gets_no_error(long_trace) -> None:
     path, _ = long_trace
     for args in (["--list"], ["--width", "80"]):
         proc = subprocess.Popen(
-            [sys.executable, "-m", "otel_llm.cli", "view", str(path), *args],
+            [sys.executable, "-m", "otel_llm.kit.cli", "view", str(path), *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -12,7 +12,7 @@ import pytest
 
 from otel_llm import RequestTracker
 from otel_llm import semconv as sc
-from otel_llm.cli import main
+from otel_llm.kit.cli import main
 from tests.view_files import T0, file_spans, tracker_file
 
 FIGURES = re.compile(r"(\d+) tokens? recomputed, (\d+) cached")
@@ -150,7 +150,7 @@ def test_the_real_engine_s_preempted_rows_carry_its_figures(capsys, tmp_path: Pa
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-    from otel_llm.engine import EngineConfig, LLMEngine
+    from otel_llm.kit.engine import EngineConfig, LLMEngine
     from otel_llm.export.otlp_json import OtlpJsonSpanExporter
 
     torch.set_num_threads(1)

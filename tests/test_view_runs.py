@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from otel_llm import semconv as sc
-from otel_llm.cli import main
+from otel_llm.kit.cli import main
 from tests.view_files import file_spans
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -145,8 +145,8 @@ def test_the_two_workers_of_a_disaggregated_run_are_one_run(capsys, tmp_path: Pa
     """The library's DisaggregatedEngine, given no resource attributes: each worker process gets an id
     of its own from the SDK (or none); the traces they share make them one run."""
     pytest.importorskip("torch", reason="the reference engine needs the torch extra")
-    from otel_llm.engine import ByteTokenizer, EngineConfig
-    from otel_llm.engine.disaggregated import DisaggregatedEngine, Submit
+    from otel_llm.kit.engine import ByteTokenizer, EngineConfig
+    from otel_llm.kit.engine.disaggregated import DisaggregatedEngine, Submit
 
     engine = DisaggregatedEngine(
         EngineConfig(num_kv_blocks=16), EngineConfig(num_kv_blocks=16), output_dir=tmp_path

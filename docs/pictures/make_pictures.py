@@ -36,7 +36,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent  # the checkout: its otel_llm is the one drawn
 WIDTH = 100  # the viewer's width when it is not run in a terminal
 TITLE = "otel-llm view"
-DEMO = "import sys; from otel_llm.cli import main; sys.exit(main(sys.argv[1:]))"
+DEMO = "import sys; from otel_llm.kit.cli import main; sys.exit(main(sys.argv[1:]))"
 PHOENIX = Path(os.environ.get("OTEL_LLM_PHOENIX") or ROOT / ".venv-phoenix" / "bin" / "phoenix")
 CHROMIUM = os.environ.get("OTEL_LLM_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 # Headless, and nothing of Chromium's own traffic: on a machine with no way out its background
@@ -79,13 +79,13 @@ def view_svg(files: Sequence[str], width: int = WIDTH) -> str:
     from rich.console import Console
     from rich.text import Text
 
-    from otel_llm.cli import main
-    from otel_llm.commands import view
+    from otel_llm.kit.cli import main
+    from otel_llm.kit.commands import view
 
     console = Console(record=True, width=width, file=open(os.devnull, "w"), soft_wrap=True)  # noqa: SIM115
 
     def emit(lines: Sequence[Sequence[tuple[str, str | None]]], file: object = None) -> None:
-        for line in lines:  # as otel_llm.waterfall_render.emit prints them
+        for line in lines:  # as otel_llm.kit.waterfall_render.emit prints them
             console.print(Text.assemble(*[(t, s or "") for t, s in line]))
 
     drawn = view.emit

@@ -4,7 +4,7 @@ A ``Tee`` is the tracker's consumer; every record goes to ``primary`` and then t
 ``primary`` steers the tracker: it chooses the per-step recorders (the secondary's choice is ignored, so
 its metrics get no inter-token samples), answers ``would_keep`` and has the tracker count its troubles.
 The demo uses one to draw the waterfall from spans built in its own process while the export process
-exports them (``otel_llm.commands.demo``).
+exports them (``otel_llm.kit.commands.demo``).
 """
 
 from __future__ import annotations

@@ -126,7 +126,7 @@ def run_serve(stack: LocalStack, work: Path) -> list[str]:
     import openai
 
     port = free_port()
-    argv = [sys.executable, "-m", "otel_llm.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    argv = [sys.executable, "-m", "otel_llm.kit.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
     proc = Proc("serve", [*argv, "--log-level", "warning"], work, otel_env(stack, SERVE_SERVICE))
     trace_ids = []
     try:
@@ -155,7 +155,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     try:
         stack = LocalStack(work, tempo.port)
         demo = subprocess.run(
-            [sys.executable, "-m", "otel_llm.cli", "demo", "--requests", str(DEMO_REQUESTS)],
+            [sys.executable, "-m", "otel_llm.kit.cli", "demo", "--requests", str(DEMO_REQUESTS)],
             cwd=work,
             env=otel_env(stack, DEMO_SERVICE, DEMO_METRIC_EXPORT_MS),
             capture_output=True,

@@ -33,7 +33,7 @@ def readme_certificate(directory: Path) -> tuple[Path, Path]:
 
 def demo(stack: LocalStack, work: Path, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "otel_llm.cli", "demo", "--requests", str(REQUESTS)],
+        [sys.executable, "-m", "otel_llm.kit.cli", "demo", "--requests", str(REQUESTS)],
         cwd=work,
         env={**otel_env(stack, "otel-llm-demo-tls"), "OTEL_LLM_SHUTDOWN_TIMEOUT": "3", **env},
         capture_output=True,

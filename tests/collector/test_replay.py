@@ -48,7 +48,7 @@ def written_spans(traces_jsonl: Path) -> dict[str, tuple[str, list]]:
 def test_replayed_demo_files_reach_jaeger_span_for_span(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     demo = subprocess.run(
-        [sys.executable, "-m", "otel_llm.cli", "demo", "--requests", str(REQUESTS)],
+        [sys.executable, "-m", "otel_llm.kit.cli", "demo", "--requests", str(REQUESTS)],
         cwd=tmp_path,
         env=env,
         capture_output=True,

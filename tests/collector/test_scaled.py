@@ -159,7 +159,7 @@ def first_stretch(fleet: Fleet, work: Path) -> None:
         for agent, service in enumerate(SERVICES):
             demos.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "otel_llm.cli", "demo", "--requests", str(REQUESTS)],
+                    [sys.executable, "-m", "otel_llm.kit.cli", "demo", "--requests", str(REQUESTS)],
                     cwd=work,
                     env=otel_env(stack, agent, service),
                     stdout=subprocess.DEVNULL,

@@ -43,7 +43,7 @@ def forwarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalS
             OTEL_LLM_TRACE_DETAIL="steps",
         )
         demo = subprocess.run(
-            [sys.executable, "-m", "otel_llm.cli", "demo"],
+            [sys.executable, "-m", "otel_llm.kit.cli", "demo"],
             cwd=work,
             env=env,
             capture_output=True,

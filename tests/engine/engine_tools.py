@@ -10,7 +10,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from otel_llm.engine import EngineConfig, LLMEngine
+from otel_llm.kit.engine import EngineConfig, LLMEngine
 
 
 @dataclass

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from otel_llm.commands.chat import (
+from otel_llm.kit.commands.chat import (
     MIN_ROOM,
     SYSTEM_PROMPT,
     TURNS,
@@ -25,8 +25,8 @@ from otel_llm.commands.chat import (
     ChatRequest,
     make_chat_workload,
 )
-from otel_llm.commands.demo import chat_question
-from otel_llm.engine import ByteTokenizer
+from otel_llm.kit.commands.demo import chat_question
+from otel_llm.kit.engine import ByteTokenizer
 
 ENCODE = ByteTokenizer().encode
 
@@ -97,7 +97,7 @@ def test_the_demos_spans_carry_cache_reads_and_recompute_figures(tmp_path: Path)
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}  # the file default
     env["COLUMNS"] = "160"
     demo = subprocess.run(
-        [sys.executable, "-m", "otel_llm.cli", "demo", "--requests", "24", "--output-dir", "out"],
+        [sys.executable, "-m", "otel_llm.kit.cli", "demo", "--requests", "24", "--output-dir", "out"],
         cwd=tmp_path,
         env=env,
         capture_output=True,

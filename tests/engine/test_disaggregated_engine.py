@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from otel_llm import semconv as sc
-from otel_llm.commands.view import load_all, render_lines
-from otel_llm.commands.workload import make_workload
-from otel_llm.engine import ByteTokenizer, EngineConfig, LLMEngine
-from otel_llm.engine.disaggregated import DisaggregatedEngine, Submit
-from otel_llm.waterfall import group_requests
+from otel_llm.kit.commands.view import load_all, render_lines
+from otel_llm.kit.commands.workload import make_workload
+from otel_llm.kit.engine import ByteTokenizer, EngineConfig, LLMEngine
+from otel_llm.kit.engine.disaggregated import DisaggregatedEngine, Submit
+from otel_llm.kit.waterfall import group_requests
 
 PREFILL = EngineConfig(num_kv_blocks=10, max_num_batched_tokens=64, long_prefill_token_threshold=16)
 DECODE = EngineConfig(num_kv_blocks=12)

@@ -14,7 +14,7 @@ def _cli(*args: str, cwd: Path, **extra_env: str) -> subprocess.CompletedProcess
     env["COLUMNS"] = "120"
     env.update(extra_env)
     return subprocess.run(
-        [sys.executable, "-m", "otel_llm.cli", *args],
+        [sys.executable, "-m", "otel_llm.kit.cli", *args],
         cwd=cwd,
         env=env,
         capture_output=True,

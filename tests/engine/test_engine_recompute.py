@@ -7,7 +7,7 @@ import asyncio
 
 from engine_tools import run_to_completion, spy_scheduler, tiny_engine
 
-from otel_llm.engine import AsyncLLMEngine, EngineConfig, LLMEngine
+from otel_llm.kit.engine import AsyncLLMEngine, EngineConfig, LLMEngine
 
 PROMPTS = [("hello world", 20), ("a" * 13, 19), ("paged attention", 12), ("b" * 24, 6), ("kv", 25)]
 

@@ -22,7 +22,7 @@ from engine_tools import run_to_completion
 
 from otel_llm import RequestTracker
 from otel_llm import semconv as sc
-from otel_llm.engine import EngineConfig, LLMEngine
+from otel_llm.kit.engine import EngineConfig, LLMEngine
 
 SHARED = "sys prompt. "  # three full blocks of 4 tokens that every request's prompt starts with
 

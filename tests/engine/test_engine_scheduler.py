@@ -7,7 +7,7 @@ import pytest
 import torch
 from engine_tools import run_to_completion, spy_scheduler, tiny_engine
 
-from otel_llm.engine import EngineConfig, LLMEngine
+from otel_llm.kit.engine import EngineConfig, LLMEngine
 
 
 def test_decode_preemption_completes_every_request_and_frees_every_block() -> None:

@@ -14,8 +14,8 @@ from engine_tools import Pipelines, spy_scheduler
 
 from otel_llm import RequestTracker
 from otel_llm import semconv as sc
-from otel_llm.engine import EngineConfig, LLMEngine
-from otel_llm.engine.telemetry import ATTR_PREFILL_TOKENS
+from otel_llm.kit.engine import EngineConfig, LLMEngine
+from otel_llm.kit.engine.telemetry import ATTR_PREFILL_TOKENS
 
 LONG = 1200  # prompt tokens: on a 2-core CPU its prefill step takes about 100 ms, a decode step 1-2 ms
 ARRIVALS = {10: "long-a", 30: "long-b"}  # step after which each long prompt arrives

@@ -13,7 +13,7 @@ from otlp_receivers import GrpcReceiver, attributes
 from otel_llm import RequestTracker
 from otel_llm import semconv as sc
 from otel_llm.emit.sampling import TailSampling
-from otel_llm.engine import EngineConfig, LLMEngine
+from otel_llm.kit.engine import EngineConfig, LLMEngine
 from otel_llm.setup import configure
 
 SHARED = "You are a helpful assistant. Answer briefly: "  # 45 tokens: 11 full blocks of 4

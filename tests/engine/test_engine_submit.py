@@ -16,8 +16,8 @@ from opentelemetry.trace import format_span_id, format_trace_id
 
 from otel_llm import RequestTracker
 from otel_llm import semconv as sc
-from otel_llm.engine import AsyncLLMEngine, EngineConfig, LLMEngine, RequestOutput
-from otel_llm.engine.async_engine import RequestStream
+from otel_llm.kit.engine import AsyncLLMEngine, EngineConfig, LLMEngine, RequestOutput
+from otel_llm.kit.engine.async_engine import RequestStream
 
 CALLER = "00-0af7651916cd43dd8f448eb211c80319-b7ad6b7169203331-01"  # W3C's example traceparent
 WAIT_S = 10.0

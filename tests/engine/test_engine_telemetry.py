@@ -11,14 +11,14 @@ from engine_tools import Pipelines, SchedulerLog, run_to_completion, spy_schedul
 
 from otel_llm import RequestTracker
 from otel_llm import semconv as sc
-from otel_llm.engine import (
+from otel_llm.kit.engine import (
     METRIC_KV_BLOCKS_TOTAL,
     METRIC_KV_BLOCKS_USED,
     METRIC_STEP_TOKENS,
     EngineConfig,
     LLMEngine,
 )
-from otel_llm.engine.telemetry import ATTR_DECODE_TOKENS, ATTR_PREFILL_TOKENS
+from otel_llm.kit.engine.telemetry import ATTR_DECODE_TOKENS, ATTR_PREFILL_TOKENS
 
 PROMPTS = [("hello world", 20), ("a" * 13, 19), ("paged attention", 12), ("b" * 24, 6), ("kv", 25)]
 

@@ -24,8 +24,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from otel_llm import RequestTracker
 from otel_llm import semconv as sc
-from otel_llm.engine import EngineConfig, LLMEngine
-from otel_llm.server import create_app
+from otel_llm.kit.engine import EngineConfig, LLMEngine
+from otel_llm.kit.server import create_app
 
 MODEL = "tiny-test-model"
 WAIT_S = 10.0

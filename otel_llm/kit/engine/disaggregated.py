@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from otel_llm.engine.config import EngineConfig
+from otel_llm.kit.engine.config import EngineConfig
 
 _ORPHAN_CHECK_S = 1.0  # how often an idle prefill worker checks that the router still runs (seconds)
 
@@ -101,7 +101,7 @@ def _telemetry(role: str, output_dir: str | None, model: str, resource: dict[str
 
 
 def _engine(config: EngineConfig, tracker: Any, telemetry: Any) -> Any:
-    from otel_llm.engine.engine import LLMEngine
+    from otel_llm.kit.engine.engine import LLMEngine
 
     return LLMEngine(
         config,
@@ -122,7 +122,7 @@ def prefill_worker(
 ) -> None:
     """Prefill each request, send its KV to the decode worker, report ``kv_sent`` once sent. A None
     request means: finish what is in flight, then close the socket and stop."""
-    from otel_llm.engine import kv_transfer
+    from otel_llm.kit.engine import kv_transfer
 
     telemetry, tracker = _telemetry("prefill", output_dir, model, resource)
     engine = _engine(config, tracker, telemetry)
@@ -187,7 +187,7 @@ def decode_worker(
 ) -> None:
     """Receive hand-offs on the socket (a thread), decode them; stop when the prefill worker closed
     the socket and nothing is left to decode."""
-    from otel_llm.engine import kv_transfer
+    from otel_llm.kit.engine import kv_transfer
 
     telemetry, tracker = _telemetry("decode", output_dir, model, resource)
     engine = _engine(config, tracker, telemetry)

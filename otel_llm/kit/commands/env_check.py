@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from otel_llm.commands._common import usage_error
+from otel_llm.kit.commands._common import usage_error
 from otel_llm.export.channel import ENV_EXPORT_MODE, ENV_QUEUE_SIZE
 from otel_llm.export.channel import MODES as EXPORT_MODES
 from otel_llm.export.quiet import ENV_EXPORTER_LOGS

@@ -1,9 +1,9 @@
 """``otel-llm view FILE``: a terminal waterfall of one request from OTLP JSON traces files.
 
-The drawing is ``otel_llm.waterfall_render``'s (every span a bar at any width from 60 columns, a legend
+The drawing is ``otel_llm.kit.waterfall_render``'s (every span a bar at any width from 60 columns, a legend
 of the glyphs drawn). ``--phase`` zooms on one phase (e.g. ``queue``, ``decode``) and ``--window`` on a
 stretch of time; spans outside it show ``‹`` / ``›`` at the edge they lie beyond. Files or folders that
-hold several runs (``otel_llm.trace_runs`` says what a run is) show one run, the newest unless ``--run N``
+hold several runs (``otel_llm.kit.trace_runs`` says what a run is) show one run, the newest unless ``--run N``
 names another (``--runs`` lists them), and say on stderr which one and how to pick another.
 """
 
@@ -15,9 +15,9 @@ import sys
 from collections.abc import Sequence
 
 from otel_llm import semconv as sc
-from otel_llm.trace_runs import Run, split_runs, trace_files, where
-from otel_llm.waterfall import RequestTrace, SpanRecord, group_requests, load_otlp_json, pick_request
-from otel_llm.waterfall_render import (
+from otel_llm.kit.trace_runs import Run, split_runs, trace_files, where
+from otel_llm.kit.waterfall import RequestTrace, SpanRecord, group_requests, load_otlp_json, pick_request
+from otel_llm.kit.waterfall_render import (
     MIN_WIDTH,
     STYLES,
     emit,
@@ -131,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
             return 0
         window = zoom_window(trace, args.phase, args.window)
     except BrokenPipeError:
-        raise  # the reader of the output left, not a problem with the files (otel_llm.cli says nothing)
+        raise  # the reader of the output left, not a problem with the files (otel_llm.kit.cli says nothing)
     except (OSError, ValueError) as exc:
         print(f"otel-llm view: {exc}", file=sys.stderr)
         return 2

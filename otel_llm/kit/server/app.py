@@ -27,12 +27,12 @@ from pydantic import ValidationError
 from starlette.requests import ClientDisconnect
 
 from otel_llm import semconv as sc
-from otel_llm.engine import AsyncLLMEngine, LLMEngine
-from otel_llm.engine.async_engine import RequestStream
-from otel_llm.engine.engine import RequestTooLong
-from otel_llm.server import errors, protocol
-from otel_llm.server.disaggregated import DisaggregatedFront
-from otel_llm.server.streaming import DONE, ClientGone, EventStream, sse, unless_disconnected
+from otel_llm.kit.engine import AsyncLLMEngine, LLMEngine
+from otel_llm.kit.engine.async_engine import RequestStream
+from otel_llm.kit.engine.engine import RequestTooLong
+from otel_llm.kit.server import errors, protocol
+from otel_llm.kit.server.disaggregated import DisaggregatedFront
+from otel_llm.kit.server.streaming import DONE, ClientGone, EventStream, sse, unless_disconnected
 
 # uvicorn's own logger, so these lines look like the server's other lines and follow --log-level.
 _logger = logging.getLogger("uvicorn.error")
@@ -118,7 +118,7 @@ def create_app(
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
 ) -> FastAPI:
     """A FastAPI app serving ``engine`` under the model name ``model``: one ``LLMEngine``, or the
-    front of a prefill and a decode worker (``otel_llm.server.disaggregated``).
+    front of a prefill and a decode worker (``otel_llm.kit.server.disaggregated``).
 
     A request whose body has not fully arrived ``body_timeout_s`` seconds after its headers is answered
     408, so a client that stalls mid-body holds neither a handler nor a graceful shutdown for long.

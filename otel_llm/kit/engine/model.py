@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from otel_llm.engine.config import ModelConfig
+from otel_llm.kit.engine.config import ModelConfig
 
 
 @dataclass(slots=True)

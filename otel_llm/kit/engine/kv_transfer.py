@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from otel_llm.engine.engine import Handoff
+from otel_llm.kit.engine.engine import Handoff
 
 _LEN = struct.Struct(">I")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from otel_llm.engine.block_manager import BlockManager
-from otel_llm.engine.config import EngineConfig
-from otel_llm.engine.sequence import Sequence, SequenceStatus
+from otel_llm.kit.engine.block_manager import BlockManager
+from otel_llm.kit.engine.config import EngineConfig
+from otel_llm.kit.engine.sequence import Sequence, SequenceStatus
 
 
 @dataclass(slots=True)

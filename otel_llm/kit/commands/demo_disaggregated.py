@@ -13,7 +13,7 @@ import time
 import uuid
 from typing import Any
 
-from otel_llm.commands._common import (
+from otel_llm.kit.commands._common import (
     SERVICE_INSTANCE_ID,
     TELEMETRY_OFF,
     run_dir,
@@ -28,11 +28,11 @@ PREFILL_CHUNK = 16  # tokens of one prompt per prefill step (long_prefill_token_
 
 def run_disaggregated(args: argparse.Namespace, console: Any) -> int:
     from otel_llm import semconv as sc
-    from otel_llm.commands.view import emit, load_all, render_lines, terminal_width
-    from otel_llm.commands.workload import make_workload
-    from otel_llm.engine import ByteTokenizer, EngineConfig, ModelConfig
-    from otel_llm.engine.disaggregated import DisaggregatedEngine, Submit
-    from otel_llm.waterfall import group_requests, pick_request
+    from otel_llm.kit.commands.view import emit, load_all, render_lines, terminal_width
+    from otel_llm.kit.commands.workload import make_workload
+    from otel_llm.kit.engine import ByteTokenizer, EngineConfig, ModelConfig
+    from otel_llm.kit.engine.disaggregated import DisaggregatedEngine, Submit
+    from otel_llm.kit.waterfall import group_requests, pick_request
 
     model = ModelConfig(seed=args.seed)
     prefill = EngineConfig(

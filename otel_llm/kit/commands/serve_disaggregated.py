@@ -14,22 +14,22 @@ import socket
 import sys
 import uuid
 
-from otel_llm.commands._common import (
+from otel_llm.kit.commands._common import (
     SERVICE_INSTANCE_ID,
     destinations,
     run_dir,
     warn_if_unreachable,
     worker_delivery_lines,
 )
-from otel_llm.commands.preflight import files_written
+from otel_llm.kit.commands.preflight import files_written
 
 
 def run_disaggregated(args: argparse.Namespace, sock: socket.socket) -> int:
     """Start both workers, then serve on ``sock`` (bound to ``--host``/``--port``, not yet listening)."""
-    from otel_llm.engine import EngineConfig, ModelConfig
-    from otel_llm.engine.disaggregated import DisaggregatedEngine
-    from otel_llm.server import create_app, run_server
-    from otel_llm.server.disaggregated import DisaggregatedFront, shutdown_budget_s
+    from otel_llm.kit.engine import EngineConfig, ModelConfig
+    from otel_llm.kit.engine.disaggregated import DisaggregatedEngine
+    from otel_llm.kit.server import create_app, run_server
+    from otel_llm.kit.server.disaggregated import DisaggregatedFront, shutdown_budget_s
 
     model = ModelConfig(seed=args.seed)
 

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from otel_llm import semconv as sc
-from otel_llm.waterfall import REASON_ABANDONED, RequestTrace, SpanRecord
+from otel_llm.kit.waterfall import REASON_ABANDONED, RequestTrace, SpanRecord
 
 MIN_WIDTH = 60
 # Glyph and colour per span name; distinct glyphs so the waterfall reads without colour too.

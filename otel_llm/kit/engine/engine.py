@@ -16,12 +16,12 @@ from typing import Any
 from opentelemetry import metrics, trace
 
 from otel_llm import semconv
-from otel_llm.engine.config import EngineConfig
-from otel_llm.engine.model_runner import ModelRunner
-from otel_llm.engine.scheduler import Scheduler
-from otel_llm.engine.sequence import Sequence, SequenceStatus
-from otel_llm.engine.telemetry import EngineTelemetry, parse_traceparent
-from otel_llm.engine.tokenizer import ByteTokenizer
+from otel_llm.kit.engine.config import EngineConfig
+from otel_llm.kit.engine.model_runner import ModelRunner
+from otel_llm.kit.engine.scheduler import Scheduler
+from otel_llm.kit.engine.sequence import Sequence, SequenceStatus
+from otel_llm.kit.engine.telemetry import EngineTelemetry, parse_traceparent
+from otel_llm.kit.engine.tokenizer import ByteTokenizer
 
 
 @dataclass(slots=True)

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from otel_llm import semconv
-from otel_llm.waterfall import SpanRecord, load_otlp_json
+from otel_llm.kit.waterfall import SpanRecord, load_otlp_json
 
 RUN_ID = "service.instance.id"  # the resource attribute that names a run
 TRACES_FILE = "traces.jsonl"
-# The worker folders a disaggregated run writes below its run folder (otel_llm.engine.disaggregated).
+# The worker folders a disaggregated run writes below its run folder (otel_llm.kit.engine.disaggregated).
 WORKER_FOLDERS = frozenset({semconv.ROLE_PREFILL, semconv.ROLE_DECODE})
 
 

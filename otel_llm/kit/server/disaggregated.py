@@ -1,5 +1,5 @@
 """The HTTP server's front for a disaggregated engine: requests go to the prefill worker, tokens come
-back from the decode worker (``otel_llm.engine.disaggregated``).
+back from the decode worker (``otel_llm.kit.engine.disaggregated``).
 
 It offers what the app uses of ``AsyncLLMEngine``: ``submit()`` returns a ``RequestStream`` once the
 request is queued, ``engine.validate_request()`` and ``engine.tokenizer`` check and decode in the API
@@ -23,11 +23,11 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from otel_llm.engine.async_engine import RequestStream
-from otel_llm.engine.config import EngineConfig
-from otel_llm.engine.disaggregated import DisaggregatedEngine, Output, Queued, Submit
-from otel_llm.engine.engine import RequestOutput, validate_request
-from otel_llm.engine.tokenizer import ByteTokenizer
+from otel_llm.kit.engine.async_engine import RequestStream
+from otel_llm.kit.engine.config import EngineConfig
+from otel_llm.kit.engine.disaggregated import DisaggregatedEngine, Output, Queued, Submit
+from otel_llm.kit.engine.engine import RequestOutput, validate_request
+from otel_llm.kit.engine.tokenizer import ByteTokenizer
 from otel_llm.setup import DEFAULT_SHUTDOWN_TIMEOUT_S, ENV_SHUTDOWN_TIMEOUT
 
 _POLL_S = 0.1  # how long the reader thread waits on the outputs queue before looking at the flag (s)

@@ -6,11 +6,11 @@ import time
 
 import torch
 
-from otel_llm.engine.block_manager import BlockManager
-from otel_llm.engine.config import EngineConfig
-from otel_llm.engine.model import AttentionMetadata, TinyTransformer
-from otel_llm.engine.scheduler import ScheduledBatch
-from otel_llm.engine.sequence import Sequence
+from otel_llm.kit.engine.block_manager import BlockManager
+from otel_llm.kit.engine.config import EngineConfig
+from otel_llm.kit.engine.model import AttentionMetadata, TinyTransformer
+from otel_llm.kit.engine.scheduler import ScheduledBatch
+from otel_llm.kit.engine.sequence import Sequence
 
 
 def resolve_device(name: str) -> torch.device:

@@ -1,4 +1,4 @@
-"""The ``otel-llm`` console script. Each subcommand lives in ``otel_llm.commands.<name>``."""
+"""The ``otel-llm`` console script. Each subcommand lives in ``otel_llm.kit.commands.<name>``."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"otel-llm {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
-        importlib.import_module(f"otel_llm.commands.{name}").register(subparsers)
+        importlib.import_module(f"otel_llm.kit.commands.{name}").register(subparsers)
     return parser
 
 

@@ -18,8 +18,8 @@ from otel_llm.hooks import identity
 from otel_llm.hooks.clock import Clock
 
 if TYPE_CHECKING:
-    from otel_llm.engine.scheduler import Scheduler
-    from otel_llm.engine.sequence import Sequence as EngineSequence
+    from otel_llm.kit.engine.scheduler import Scheduler
+    from otel_llm.kit.engine.sequence import Sequence as EngineSequence
 
 # Metric names (all prefixed llm.engine.) and their units.
 METRIC_KV_BLOCKS_USED = "llm.engine.kv_cache.blocks.used"

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from rich.table import Table
 
 from otel_llm import semconv as sc
-from otel_llm.waterfall import RequestTrace
+from otel_llm.kit.waterfall import RequestTrace
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:

@@ -5,7 +5,7 @@ endpoint: OTLP JSON files in ./otel-llm-output/). Callers that send a W3C ``trac
 the ``llm.request`` span in their own trace; every answer names its trace in ``x-trace-id``.
 
 ``--disaggregated`` runs the engine as a prefill worker process and a decode worker process (their KV
-sent over a Unix socket) behind this API process, which routes (``otel_llm.server.disaggregated``). Each
+sent over a Unix socket) behind this API process, which routes (``otel_llm.kit.server.disaggregated``). Each
 worker exports its own telemetry (files: ``<run folder>/prefill/`` and ``<run folder>/decode/``); the
 API process exports none.
 """
@@ -15,8 +15,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from otel_llm.commands import env_check
-from otel_llm.commands._common import (
+from otel_llm.kit.commands import env_check
+from otel_llm.kit.commands._common import (
     LOG_LEVELS,
     check_device,
     configure_run,
@@ -33,7 +33,7 @@ from otel_llm.commands._common import (
     warn_if_unreachable,
     written_files,
 )
-from otel_llm.commands.preflight import PortUnusable, bind_port, output_folder_problem
+from otel_llm.kit.commands.preflight import PortUnusable, bind_port, output_folder_problem
 
 # How long a stopping server lets open connections finish before it closes them; then telemetry gets its
 # own bounded flush. 5 + OTEL_LLM_SHUTDOWN_TIMEOUT (5) + 1 s stays well inside Kubernetes' 30 s grace.
@@ -112,18 +112,18 @@ def run(args: argparse.Namespace) -> int:
     problem = output_folder_problem(args.output_dir)
     if problem is not None:
         usage_error("serve", problem)
-    from otel_llm.server import create_app, run_server
+    from otel_llm.kit.server import create_app, run_server
 
     problem = check_device(args.device)
     if problem is not None:
         usage_error("serve", problem)
     if args.disaggregated:
-        from otel_llm.commands.serve_disaggregated import run_disaggregated
+        from otel_llm.kit.commands.serve_disaggregated import run_disaggregated
 
         return run_disaggregated(args, sock)
 
     import otel_llm
-    from otel_llm.engine import EngineConfig, LLMEngine, ModelConfig
+    from otel_llm.kit.engine import EngineConfig, LLMEngine, ModelConfig
     from otel_llm.server_attributes import server_attributes
 
     config = EngineConfig(

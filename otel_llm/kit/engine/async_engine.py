@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
-from otel_llm.engine.engine import LLMEngine, RequestOutput
+from otel_llm.kit.engine.engine import LLMEngine, RequestOutput
 
 # What the step loop delivers to a request's queue: its outputs, or the error that ends it.
 _Item = RequestOutput | BaseException

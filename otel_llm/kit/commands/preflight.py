@@ -17,7 +17,7 @@ import socket
 import tempfile
 from pathlib import Path
 
-from otel_llm.commands._common import sdk_disabled
+from otel_llm.kit.commands._common import sdk_disabled
 
 
 def files_written() -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from otel_llm.engine.sequence import Sequence
+from otel_llm.kit.engine.sequence import Sequence
 
 
 class BlockManager:

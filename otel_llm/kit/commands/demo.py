@@ -2,7 +2,7 @@
 
 Requests arrive staggered (by engine step, so a seed gives the same run on any machine) with mixed
 prompt and output lengths onto a KV cache too small for all of them. They are chat traffic
-(``otel_llm.commands.chat``): one shared system prompt, single questions and a few multi-turn
+(``otel_llm.kit.commands.chat``): one shared system prompt, single questions and a few multi-turn
 conversations, so most requests read part of their prompt from the prefix cache. The summary's
 latencies come from this run's finished ``llm.request`` spans (a second, in-memory span processor next
 to the exporter) and inter-token latency from the engine's own per-step token timestamps.
@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from otel_llm.commands import env_check
-from otel_llm.commands._common import (
+from otel_llm.kit.commands import env_check
+from otel_llm.kit.commands._common import (
     TELEMETRY_OFF,
     check_device,
     configure_run,
@@ -30,8 +30,8 @@ from otel_llm.commands._common import (
     warn_if_unreachable,
     written_files,
 )
-from otel_llm.commands.preflight import output_folder_problem
-from otel_llm.commands.workload import chat_question
+from otel_llm.kit.commands.preflight import output_folder_problem
+from otel_llm.kit.commands.workload import chat_question
 
 # How to send the same run to a collector and look at it in Jaeger (collector-config/local/ starts both).
 COLLECTOR_HINT = (
@@ -85,19 +85,19 @@ def run(args: argparse.Namespace) -> int:
     if problem is not None:
         usage_error("demo", problem)
     if args.disaggregated:
-        from otel_llm.commands.demo_disaggregated import run_disaggregated
+        from otel_llm.kit.commands.demo_disaggregated import run_disaggregated
 
         return run_disaggregated(args, console)
     if args.kv_blocks is None:
         args.kv_blocks = 24
 
-    from otel_llm.commands.chat import ChatClient, make_chat_workload
-    from otel_llm.commands.local_copy import tracker_with_local_copy
-    from otel_llm.commands.summary import causes_text, stall_counts, summary_table, telling_stall
-    from otel_llm.commands.view import emit, render_lines, terminal_width
-    from otel_llm.engine import EngineConfig, LLMEngine, ModelConfig
-    from otel_llm.waterfall import from_readable_spans, group_requests, pick_request
-    from otel_llm.waterfall_render import stall_words
+    from otel_llm.kit.commands.chat import ChatClient, make_chat_workload
+    from otel_llm.kit.commands.local_copy import tracker_with_local_copy
+    from otel_llm.kit.commands.summary import causes_text, stall_counts, summary_table, telling_stall
+    from otel_llm.kit.commands.view import emit, render_lines, terminal_width
+    from otel_llm.kit.engine import EngineConfig, LLMEngine, ModelConfig
+    from otel_llm.kit.waterfall import from_readable_spans, group_requests, pick_request
+    from otel_llm.kit.waterfall_render import stall_words
 
     if args.device == "cpu":
         import torch

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from otel_llm.server.app import HEADER_REQUEST_ID, HEADER_TRACE_ID, create_app
-from otel_llm.server.app import run as run_server
+from otel_llm.kit.server.app import HEADER_REQUEST_ID, HEADER_TRACE_ID, create_app
+from otel_llm.kit.server.app import run as run_server
 
 __all__ = ["HEADER_REQUEST_ID", "HEADER_TRACE_ID", "create_app", "run_server"]
