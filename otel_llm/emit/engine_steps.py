@@ -19,7 +19,14 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
 from otel_llm import semconv as sc
 from otel_llm.emit.preset import TracerView
 from otel_llm.logs import warn_once
-from otel_llm.record import EngineStepRow, StepWindow
+from otel_llm.record import (
+    ENGINE_STEP_REQUEST_LINKS,
+    ENGINE_STEP_SPAN_ID,
+    ENGINE_STEP_START,
+    ENGINE_STEP_TOKENS_AT,
+    EngineStepRow,
+    StepWindow,
+)
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NO_PARENT = Context()  # a window's trace is its own, whatever span is current where it is emitted
@@ -63,19 +70,19 @@ def emit_window(
     )
     under = trace.set_span_in_context(root, _NO_PARENT)
     for row in rows:
-        links = [Link(SpanContext(t, s, False, _SAMPLED)) for t, s in row[7]]
+        links = [Link(SpanContext(t, s, False, _SAMPLED)) for t, s in row[ENGINE_STEP_REQUEST_LINKS]]
         span = _start(
             tracer,
             ids,
             trace_id,
-            row[0],
+            row[ENGINE_STEP_SPAN_ID],
             sc.SPAN_ENGINE_STEP,
             under,
             engine_step_attributes(row),
-            wall_ns(row[1]),
+            wall_ns(row[ENGINE_STEP_START]),
             links,
         )
-        span.end(end_time=wall_ns(row[2]))
+        span.end(end_time=wall_ns(row[ENGINE_STEP_TOKENS_AT]))
     root.end(end_time=wall_ns(end))
     return 1 + len(rows)
 

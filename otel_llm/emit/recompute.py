@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from otel_llm import semconv as sc
+from otel_llm.record import PREEMPTION_CACHED_TOKENS as _CACHED
+from otel_llm.record import PREEMPTION_RECOMPUTE_TOKENS as _RECOMPUTE
 from otel_llm.record import Preemption
-
-_CACHED, _RECOMPUTE = 5, 6  # the fields of a record's Preemption tuple
 
 
 def span_attributes(p: Preemption) -> dict[str, int] | None:

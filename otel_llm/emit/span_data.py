@@ -12,7 +12,14 @@ from otel_llm import semconv as sc
 from otel_llm.emit.intervals import Intervals
 from otel_llm.emit.recompute import request_attributes as recompute_attributes
 from otel_llm.emit.stalls import stall_attributes
-from otel_llm.record import MAX_PREEMPTION_SPANS, RequestRecord, start_attributes
+from otel_llm.record import (
+    MAX_PREEMPTION_SPANS,
+    PREEMPTION_OUTPUT_TOKENS,
+    PREEMPTION_PREEMPTED,
+    PREEMPTION_RESCHEDULED,
+    RequestRecord,
+    start_attributes,
+)
 
 __all__ = ["MAX_PREEMPTION_SPANS", "request_events", "root_attributes"]
 
@@ -29,9 +36,12 @@ def request_events(rec: RequestRecord) -> list[tuple[str, dict[str, Any] | None,
     if rec.first_token is not None:
         events.append((sc.EVENT_FIRST_TOKEN, None, rec.first_token))
     for p in rec.preemptions[:MAX_PREEMPTION_SPANS]:
-        events.append((sc.EVENT_PREEMPTED, {sc.LLM_OUTPUT_TOKENS: p[1]}, p[0]))
-        if p[3] is not None:
-            events.append((sc.EVENT_SCHEDULED, {sc.LLM_RESUMED: True}, p[3]))
+        events.append(
+            (sc.EVENT_PREEMPTED, {sc.LLM_OUTPUT_TOKENS: p[PREEMPTION_OUTPUT_TOKENS]}, p[PREEMPTION_PREEMPTED])
+        )
+        rescheduled = p[PREEMPTION_RESCHEDULED]
+        if rescheduled is not None:
+            events.append((sc.EVENT_SCHEDULED, {sc.LLM_RESUMED: True}, rescheduled))
     if rec.kv_done is not None or rec.handed_off:
         kv = {sc.LLM_KV_TRANSFER_BYTES: rec.kv_bytes} if rec.kv_bytes is not None else None
         if rec.handed_off:
@@ -73,7 +83,7 @@ def _unspanned(rec: RequestRecord) -> tuple[int, float, float]:
     preempted_s = recompute_s = 0.0
     for k in range(MAX_PREEMPTION_SPANS, len(preemptions)):
         preempted, _, _, resumed, recomputed, _, _ = preemptions[k]
-        until = preemptions[k + 1][0] if k + 1 < len(preemptions) else rec.finished
+        until = preemptions[k + 1][PREEMPTION_PREEMPTED] if k + 1 < len(preemptions) else rec.finished
         preempted_s += (resumed if resumed is not None else until) - preempted
         if resumed is not None:
             recompute_s += (recomputed if recomputed is not None else until) - resumed

@@ -65,7 +65,10 @@ from otel_llm.record import (
     DROP,
     MAX_PREEMPTION_SPANS,
     MAX_STEP_SPANS,
+    PREEMPTION_PREEMPTED,
     RECORD_AND_SAMPLE,
+    STEP_START,
+    STEP_TOKENS_AT,
     RequestRecord,
 )
 
@@ -354,7 +357,7 @@ def _children(emit: Any, ns: Callable[[float], int], root: Any, rec: RequestReco
         if phase is not None:
             # A recompute cut short by the next preemption ends there, so the spans never overlap.
             last = k + 1 == len(preemptions)
-            until = end if last else preemptions[k + 1][0]
+            until = end if last else preemptions[k + 1][PREEMPTION_PREEMPTED]
             ctx = under(phase)
             evicted_at_end = _if(last and resumed is None, cut)
             t1 = ns(resumed if resumed is not None else until)
@@ -377,7 +380,7 @@ def _children(emit: Any, ns: Callable[[float], int], root: Any, rec: RequestReco
         prefill_ctx = under(prefill) if prefill is not None else top_ctx
         decode_ctx = under(decode) if decode is not None else top_ctx
         for row in rows:
-            t0, ts = row[0], row[1]
+            t0, ts = row[STEP_START], row[STEP_TOKENS_AT]
             ctx = prefill_ctx if first is None or ts <= first else decode_ctx
             child(sc.SPAN_ENGINE_STEP, ctx, ns(t0), ns(ts), step_attributes(row), step_links(row))
     if prefill is not None and prefill is not decode:

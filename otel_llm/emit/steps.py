@@ -12,7 +12,15 @@ from typing import Any
 from opentelemetry.trace import Link, SpanContext, TraceFlags
 
 from otel_llm import semconv as sc
-from otel_llm.record import StepRow
+from otel_llm.record import (
+    STEP_BATCH_SIZE,
+    STEP_INDEX,
+    STEP_KV_CACHE_USAGE,
+    STEP_SPAN_ID,
+    STEP_TOKENS,
+    STEP_TRACE_ID,
+    StepRow,
+)
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 
@@ -20,8 +28,8 @@ _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 def step_attributes(row: StepRow) -> dict[str, Any]:
     """``llm.engine.step.index`` and ``.batch_size``, and the step's tokens and KV-cache usage when the
     engine reported them (``engine_state()``)."""
-    index, batch_size, tokens, kv_cache_usage = row[2:6]
-    attrs: dict[str, Any] = {sc.LLM_STEP_INDEX: index, sc.LLM_STEP_BATCH_SIZE: batch_size}
+    tokens, kv_cache_usage = row[STEP_TOKENS], row[STEP_KV_CACHE_USAGE]
+    attrs: dict[str, Any] = {sc.LLM_STEP_INDEX: row[STEP_INDEX], sc.LLM_STEP_BATCH_SIZE: row[STEP_BATCH_SIZE]}
     if tokens is not None:
         attrs[sc.LLM_STEP_TOKENS] = tokens
     if kv_cache_usage is not None:
@@ -31,7 +39,7 @@ def step_attributes(row: StepRow) -> dict[str, Any]:
 
 def step_links(row: StepRow) -> list[Link] | None:
     """The link from a request's step span to the engine's own span of that step (None: it has none)."""
-    trace_id, span_id = row[6], row[7]
-    if span_id is None:
+    trace_id, span_id = row[STEP_TRACE_ID], row[STEP_SPAN_ID]
+    if trace_id is None or span_id is None:  # both None together: the step has no span of its own
         return None
     return [Link(SpanContext(trace_id, span_id, False, _SAMPLED))]

@@ -23,9 +23,13 @@ from __future__ import annotations
 
 import threading
 from operator import itemgetter
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from otel_llm import semconv as sc
+
+# What a span_hook author reads (the record and the tracker's description of itself), and the detail
+# levels; the rest is the contract between the two halves, internal to the package.
+__all__ = ["DETAILS", "DETAIL_PHASES", "DETAIL_REQUEST", "DETAIL_STEPS", "RequestRecord", "TrackerInfo"]
 
 # The version of the record layout (``RequestRecord``, ``TrackerInfo``, ``Figures`` and their wire form).
 # A reader refuses a stream of another version rather than misread it.
@@ -60,10 +64,27 @@ ANOMALY_SPAN_HOOK_FAILED = "span_hook_failed"
 #   cached_tokens and recompute_tokens (what the rescheduling found cached / had to compute; None when
 #   the engine did not report it).
 Preemption = tuple[float, int, "float | None", "float | None", "float | None", "int | None", "int | None"]
+# Where each field of a Preemption sits: the emit side reads rows by these names, never by bare numbers.
+# (Plain tuples on the wire: marshal takes no named tuples.) Final, so a type checker knows each type.
+PREEMPTION_PREEMPTED: Final = 0
+PREEMPTION_OUTPUT_TOKENS: Final = 1
+PREEMPTION_LAST_TOKEN: Final = 2
+PREEMPTION_RESCHEDULED: Final = 3
+PREEMPTION_RECOMPUTED: Final = 4
+PREEMPTION_CACHED_TOKENS: Final = 5
+PREEMPTION_RECOMPUTE_TOKENS: Final = 6
 # Step tuple fields (``RequestRecord.steps``): span start, tokens event (ts), index of the tracker's
 # tokens() call, batch size, tokens fed to the model (or None), KV-cache usage (or None), and the trace id
 # and span id of the engine's own span of that step (``StepWindow``; both None when it got none).
 StepRow = tuple[float, float, int, int, "int | None", "float | None", "int | None", "int | None"]
+STEP_START: Final = 0
+STEP_TOKENS_AT: Final = 1
+STEP_INDEX: Final = 2
+STEP_BATCH_SIZE: Final = 3
+STEP_TOKENS: Final = 4
+STEP_KV_CACHE_USAGE: Final = 5
+STEP_TRACE_ID: Final = 6
+STEP_SPAN_ID: Final = 7
 # An engine step with a span of its own (``StepWindow`` rows): its span id, span start (the previous
 # tokens event), tokens event, index, batch size, tokens fed to the model (or None), KV-cache usage (or
 # None), the (trace id, span id) of the llm.request span of each request that produced tokens in it, and
@@ -80,6 +101,10 @@ EngineStepRow = tuple[
     "tuple[tuple[int, int], ...]",
     "tuple[int, int, int, int] | None",
 ]
+ENGINE_STEP_SPAN_ID: Final = 0
+ENGINE_STEP_START: Final = 1
+ENGINE_STEP_TOKENS_AT: Final = 2
+ENGINE_STEP_REQUEST_LINKS: Final = 7
 # One window of an engine's steps (detail ``steps``; ``otel_llm.hooks.step_windows``): its trace id and
 # root span id, start and end (monotonic seconds), the steps in it, and those with spans (``EngineStepRow``).
 StepWindow = tuple[int, int, float, float, int, "tuple[EngineStepRow, ...]"]
@@ -119,7 +144,7 @@ class TrackerInfo:
         return self.clock_offset_ns + int(mono_s * 1e9)
 
 
-class RequestRecord(tuple):  # type: ignore[type-arg]
+class RequestRecord(tuple):
     """One finished request (or one abandoned, or one handed off to a decode instance), as plain data.
 
     Times are monotonic seconds (None where the request never reached that point):
