@@ -60,8 +60,11 @@ def main() -> None:
     delivered = telemetry.shutdown()
     lost = telemetry.drops.total("spans")
     done = f"{len(wants)} requests traced in {step} steps"
-    if delivered and not lost:
-        print(f"{done}; see {telemetry.output_dir or 'your collector'}")
+    if delivered and not lost and telemetry.output_dir is not None:
+        print(f"{done}; files: {telemetry.output_dir}")
+        print(f"view the most preempted request: otel-llm view {telemetry.output_dir}")
+    elif delivered and not lost:
+        print(f"{done}; see your collector")
     else:
         print(
             f"{done}; NOT all delivered (collector down or slow?): "

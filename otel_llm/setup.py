@@ -144,6 +144,11 @@ def configure(
                     "opentelemetry-configuration package, SDK 1.43 or later); using the OTEL_* variables",
                     ENV_CONFIG_FILE,
                 )
+            mistake = None if _disabled() else otlp.signal_path_mistake()
+            if mistake is not None:  # the CLI refuses it; a library warns and builds as asked
+                _logger.warning(
+                    "otel_llm: %s=%s %s", otlp.ENV_ENDPOINT, os.environ[otlp.ENV_ENDPOINT], mistake
+                )
             beside = mode == export_channel.MODE_PROCESS and not views and not _disabled()
             # Beside an export process, otel_llm's self-metrics are the export process's to report.
             telemetry = _build(service_name, output_dir, resource_attributes, timeout_s, views, not beside)
@@ -295,13 +300,15 @@ def _output_dir(arg: str | os.PathLike[str] | None) -> Path:
 
 def shutdown_timeout(arg: float | None) -> float:
     """``arg``, else ``OTEL_LLM_SHUTDOWN_TIMEOUT``, else 5 (seconds); ValueError naming the bad one."""
-    source, raw = ("shutdown_timeout_s", arg) if arg is not None else (ENV_SHUTDOWN_TIMEOUT, None)
-    if arg is None:
-        raw = os.environ.get(ENV_SHUTDOWN_TIMEOUT, "").strip() or None
-        if raw is None:
+    raw: float | str
+    if arg is not None:
+        source, raw = "shutdown_timeout_s", arg
+    else:
+        source, raw = ENV_SHUTDOWN_TIMEOUT, os.environ.get(ENV_SHUTDOWN_TIMEOUT, "").strip()
+        if not raw:
             return DEFAULT_SHUTDOWN_TIMEOUT_S
     try:
-        value = float(raw)  # type: ignore[arg-type]
+        value = float(raw)
     except (TypeError, ValueError):
         value = math.nan
     if not (math.isfinite(value) and value > 0):

@@ -103,3 +103,32 @@ def env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> pytest.MonkeyPatch:
     monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "600000")
     monkeypatch.chdir(tmp_path)
     return monkeypatch
+
+
+# One run of each command, writing files, for every test that only reads what it wrote.
+SERVED_REQUESTS = [
+    ("/v1/completions", {"model": "otel-llm-tiny", "prompt": "hi", "max_tokens": 2}),
+    (
+        "/v1/chat/completions",
+        {"model": "otel-llm-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+    ),
+]
+
+
+@pytest.fixture(scope="session")
+def served_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path]:
+    """``otel-llm serve --port 0`` answering one completion and one chat completion: (port, run folder)."""
+    pytest.importorskip("torch", reason="the reference engine needs the torch extra")
+    pytest.importorskip("fastapi", reason="the serve extra")
+    from cli_runs import serve_files
+
+    return serve_files(tmp_path_factory.mktemp("serve"), SERVED_REQUESTS)
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
+    """``otel-llm demo --requests 8`` writing files: (what it printed, its run folder)."""
+    pytest.importorskip("torch", reason="the reference engine needs the torch extra")
+    from cli_runs import demo_files
+
+    return demo_files(tmp_path_factory.mktemp("demo"), "--requests", "8")

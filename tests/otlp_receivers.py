@@ -6,7 +6,8 @@ A receiver runs in one of four modes, so fault tests can reuse it:
 
 - ``Mode.ACCEPT``: decode, keep, answer success;
 - ``Mode.SLOW``: like ACCEPT, after ``delay_s`` seconds;
-- ``Mode.REFUSE``: answer gRPC ``UNAVAILABLE`` / HTTP 503, keep nothing (counted in ``refused``);
+- ``Mode.REFUSE``: answer gRPC ``UNAVAILABLE`` / HTTP 503, or the ``answer`` given (a gRPC status code
+  or an HTTP status), keep nothing (counted in ``refused``);
 - ``Mode.BLACK_HOLE``: take the request and never answer until the receiver stops.
 
 ``closed_port()`` gives a loopback port nothing listens on, for "collector down" tests.
@@ -123,9 +124,10 @@ def closed_port() -> int:
 class _Receiver:
     """Shared mode handling: what to do with a request before keeping it."""
 
-    def __init__(self, mode: Mode, delay_s: float, port: int) -> None:
+    def __init__(self, mode: Mode, delay_s: float, port: int, answer: Any = None) -> None:
         self.mode = mode
         self.delay_s = delay_s
+        self.answer = answer  # what REFUSE answers, when not the default
         self.collected = Collected()
         self._stopping = threading.Event()
         self._held_lock = threading.Lock()
@@ -170,8 +172,10 @@ class _Receiver:
 class GrpcReceiver(_Receiver):
     """The official OTLP TraceService and MetricsService on ``127.0.0.1:<port>`` (ephemeral by default)."""
 
-    def __init__(self, mode: Mode = Mode.ACCEPT, delay_s: float = 1.0, port: int = 0) -> None:
-        super().__init__(mode, delay_s, port)
+    def __init__(
+        self, mode: Mode = Mode.ACCEPT, delay_s: float = 1.0, port: int = 0, answer: Any = None
+    ) -> None:
+        super().__init__(mode, delay_s, port, answer)
         self._server: grpc.Server | None = None
 
     @property
@@ -195,7 +199,7 @@ class GrpcReceiver(_Receiver):
 
     def handle(self, signal: str, request: Any, context: grpc.ServicerContext, method: str) -> None:
         if not self._hold():
-            context.abort(grpc.StatusCode.UNAVAILABLE, "test receiver refuses")
+            context.abort(self.answer or grpc.StatusCode.UNAVAILABLE, "test receiver refuses")
         headers = {k.lower(): v for k, v in context.invocation_metadata() if isinstance(v, str)}
         self.collected.add(Received(signal, request, method, headers))
 
@@ -234,8 +238,10 @@ class HttpReceiver(_Receiver):
     the path is kept on each ``Received`` so tests can check the endpoint rules.
     """
 
-    def __init__(self, mode: Mode = Mode.ACCEPT, delay_s: float = 1.0, port: int = 0) -> None:
-        super().__init__(mode, delay_s, port)
+    def __init__(
+        self, mode: Mode = Mode.ACCEPT, delay_s: float = 1.0, port: int = 0, answer: Any = None
+    ) -> None:
+        super().__init__(mode, delay_s, port, answer)
         self._server: http.server.ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -275,7 +281,7 @@ class HttpReceiver(_Receiver):
             self._reply(handler, 404, b"")
             return
         if not self._hold():
-            self._reply(handler, 503, b"")
+            self._reply(handler, self.answer or 503, b"")
             return
         if self._stopping.is_set() and self.mode is Mode.BLACK_HOLE:
             return  # never answered

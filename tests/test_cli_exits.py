@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,21 +64,44 @@ COLLECTORS = ["dead", "refusing", "black_hole", "grpc_black_hole"]
 
 
 def run_demo(cwd: Path, **otel: str) -> tuple[subprocess.CompletedProcess[str], float]:
-    started = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", "otel_llm.kit.cli", "demo", "--requests", "3"],
-        cwd=cwd,
-        env=cli_env(**otel),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    return done, time.monotonic() - started
+    """The demo's run, and the seconds it took to stop: from its last line before the shutdown to its
+    exit. The demo prints its table and waterfall, then shuts its telemetry down, then prints where
+    telemetry went (``traces: ...``): the line before that one is when it started stopping. Loading
+    torch and running the engine, what a busy machine stretches most, are left out of that span."""
+    with tempfile.TemporaryFile("w+") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "otel_llm.kit.cli", "demo", "--requests", "3"],
+            cwd=cwd,
+            env=cli_env(**otel),
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
+        watchdog = threading.Timer(180, proc.kill)
+        watchdog.start()
+        lines: list[tuple[float, str]] = []  # each line with the time it arrived (PYTHONUNBUFFERED)
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                lines.append((time.monotonic(), line))
+            proc.wait()
+            ended = time.monotonic()
+        finally:
+            watchdog.cancel()
+        stderr.seek(0)
+        done = subprocess.CompletedProcess(
+            proc.args, proc.returncode, "".join(t for _, t in lines), stderr.read()
+        )
+    after = [i for i, (_, text) in enumerate(lines) if text.startswith("traces: ")]
+    if not after or after[0] == 0:
+        return done, math.inf  # it never said where telemetry went: the asserts on its output say more
+    return done, ended - lines[after[0] - 1][0]
 
 
 @pytest.fixture(scope="module")
 def demo_baseline_s(tmp_path_factory: pytest.TempPathFactory) -> float:
-    """Seconds the same demo takes writing files (no collector to wait for)."""
+    """Seconds the same demo takes to stop when it writes files (no collector to wait for): its shutdown
+    and the exit of a process that loaded torch, on this machine, in this run."""
     done, took = run_demo(tmp_path_factory.mktemp("baseline"))
     assert done.returncode == 0, done.stderr
     return took
@@ -86,8 +112,10 @@ def test_demo_exits_within_the_shutdown_budget(kind: str, tmp_path: Path, demo_b
     with collector(kind) as otel:
         done, took = run_demo(tmp_path, **otel)
     assert done.returncode == 0, done.stderr
+    # Stopping waited on the collector at most OTEL_LLM_SHUTDOWN_TIMEOUT + 1 s more than with files;
+    # without that bound the exporters' own timeout (10 s) and retries would hold it far longer.
     extra = took - demo_baseline_s
-    assert extra < BUDGET_S + 1 + SLACK_S, f"{kind}: {extra:.1f} s more than with files"
+    assert extra < BUDGET_S + 1 + SLACK_S, f"{kind}: stopping took {extra:.1f} s more than with files"
     # It says once, at the end, where telemetry went, what arrived and what was lost; the exporters
     # say nothing more once it gave up on them.
     assert "aborting retry" not in done.stderr and "already shutdown" not in done.stderr, done.stderr
@@ -97,11 +125,12 @@ def test_demo_exits_within_the_shutdown_budget(kind: str, tmp_path: Path, demo_b
     assert len(summary) == 2, done.stdout
     for line in summary:
         assert " delivered, " in line and (" lost (" in line or "cut off by the shutdown" in line), line
+    if kind == "refusing":  # every export answered 503: the loss says so, not "unreachable"
+        assert all("unavailable" in line for line in summary if " lost (" in line), summary
 
 
-def test_a_demo_writing_files_says_how_to_send_them_to_a_collector(tmp_path: Path) -> None:
-    done, _ = run_demo(tmp_path)
-    assert done.returncode == 0, done.stderr
+def test_a_demo_writing_files_says_how_to_send_them_to_a_collector(demo_run: tuple[Any, Path]) -> None:
+    done, _ = demo_run
     hint = [line for line in done.stdout.splitlines() if "OTEL_EXPORTER_OTLP_ENDPOINT=" in line]
     assert len(hint) == 1 and "Jaeger" in hint[0], done.stdout
     helped = subprocess.run(
@@ -118,7 +147,17 @@ def test_a_demo_writing_files_says_how_to_send_them_to_a_collector(tmp_path: Pat
 def server(tmp_path: Path, otel: dict[str, str], *args: str) -> Iterator[tuple[subprocess.Popen, int]]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "otel_llm.kit.cli", "serve", "--port", str(port), "--log-level", "warning", *args],
+        [
+            sys.executable,
+            "-m",
+            "otel_llm.kit.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            *args,
+        ],
         cwd=tmp_path,
         env=cli_env(**otel),
         stdout=subprocess.DEVNULL,
@@ -161,13 +200,28 @@ def stop(proc: subprocess.Popen) -> float:
     return time.monotonic() - sent
 
 
+@pytest.fixture(scope="module")
+def serve_stop_baseline_s(tmp_path_factory: pytest.TempPathFactory) -> float:
+    """Seconds from SIGTERM to the exit of a server that writes files (no collector to wait for): the
+    stop of uvicorn, the engine and a process that loaded torch, on this machine, in this run."""
+    with server(tmp_path_factory.mktemp("serve-baseline"), {}) as (proc, port):
+        for _ in range(3):
+            complete(port)
+        return stop(proc)
+
+
 @pytest.mark.parametrize("kind", COLLECTORS)
-def test_serve_stops_on_sigterm_within_the_shutdown_budget(kind: str, tmp_path: Path) -> None:
+def test_serve_stops_on_sigterm_within_the_shutdown_budget(
+    kind: str, tmp_path: Path, serve_stop_baseline_s: float
+) -> None:
     with collector(kind) as otel, server(tmp_path, otel) as (proc, port):
         for _ in range(3):
             complete(port)
         took = stop(proc)
-    assert took < BUDGET_S + 1 + SLACK_S, f"{kind}: SIGTERM took {took:.1f} s"
+    extra = took - serve_stop_baseline_s
+    assert extra < BUDGET_S + 1 + SLACK_S, (
+        f"{kind}: SIGTERM took {took:.1f} s, {extra:.1f} s more than with files"
+    )
     assert proc.stderr is not None
     stderr = proc.stderr.read()
     assert "traces: OTLP" in stderr  # it said where telemetry goes
@@ -234,13 +288,15 @@ def test_a_stalled_body_is_answered_408(tmp_path: Path) -> None:
     assert body["error"]["code"] == "timeout" and set(body["error"]) == {"message", "type", "param", "code"}
 
 
-def test_a_stalled_body_does_not_hold_graceful_shutdown(tmp_path: Path) -> None:
+def test_a_stalled_body_does_not_hold_graceful_shutdown(tmp_path: Path, serve_stop_baseline_s: float) -> None:
     with collector("dead") as otel, server(tmp_path, otel, "--graceful-timeout", "1") as (proc, port):
         sock = stall_body(port)
         time.sleep(0.5)  # the handler is now waiting for the rest of the body
         took = stop(proc)
         sock.close()
-    assert took < 1 + BUDGET_S + 1 + SLACK_S, f"SIGTERM with a stalled client took {took:.1f} s"
+    # Waiting for the rest of the body (--body-timeout, 30 s by default) would hold it far longer.
+    extra = took - serve_stop_baseline_s
+    assert extra < 1 + BUDGET_S + 1 + SLACK_S, f"SIGTERM with a stalled client took {took:.1f} s"
 
 
 def open_stream(port: int, max_tokens: int) -> socket.socket:
@@ -267,7 +323,9 @@ def read_to_end(sock: socket.socket) -> bytes:
     return data
 
 
-def test_streams_still_open_after_the_graceful_timeout_end_cleanly(tmp_path: Path) -> None:
+def test_streams_still_open_after_the_graceful_timeout_end_cleanly(
+    tmp_path: Path, serve_stop_baseline_s: float
+) -> None:
     """Past --graceful-timeout the server ends what is still open itself: each open stream gets a last
     error event (503, server_shutting_down) and a complete HTTP answer, its request is aborted, and
     nothing is logged as a traceback."""
@@ -293,7 +351,8 @@ def test_streams_still_open_after_the_graceful_timeout_end_cleanly(tmp_path: Pat
     traces = list(tmp_path.glob("otel-llm-output/serve-*/traces.jsonl"))
     assert len(traces) == 1, stderr
     assert traces[0].read_text().count('"stringValue":"abort"') >= len(cut), stderr
-    assert took < 1 + budget_s + 1 + SLACK_S, f"SIGTERM with open streams took {took:.1f} s"
+    extra = took - serve_stop_baseline_s
+    assert extra < 1 + budget_s + 1 + SLACK_S, f"SIGTERM with open streams took {took:.1f} s"
 
 
 def quiet(stderr: str) -> None:
@@ -501,15 +560,27 @@ def test_demo_disaggregated_says_what_each_worker_delivered(tmp_path: Path) -> N
         assert metrics.endswith(" metric points delivered") and " 0 metric" not in metrics, metrics
 
 
+# The workers' budget in the test below, and their exporters' timeout: each worker gives up on the dead
+# collector after 2 s of retries and reports, long before the router stops waiting for it (budget + 1 s).
+# With a 1 s budget the two ran out together, and a busy machine made the router kill a worker before it
+# reported ("telemetry not accounted for").
+WORKER_BUDGET_S = 10.0
+EXPORT_TIMEOUT_S = 2
+
+
 def test_serve_disaggregated_warns_of_a_dead_collector_and_says_what_each_worker_lost(tmp_path: Path) -> None:
-    with collector("dead") as otel, server(tmp_path, otel, "--disaggregated") as (proc, port):
-        for _ in range(2):
-            complete(port)
-        took = stop(proc)
+    with collector("dead") as otel:
+        otel.update(
+            OTEL_LLM_SHUTDOWN_TIMEOUT=str(WORKER_BUDGET_S), OTEL_EXPORTER_OTLP_TIMEOUT=str(EXPORT_TIMEOUT_S)
+        )
+        with server(tmp_path, otel, "--disaggregated") as (proc, port):
+            for _ in range(2):
+                complete(port)
+            took = stop(proc)
     assert proc.stderr is not None
     stderr = proc.stderr.read()
     # Stopping the workers: their own shutdown (budget + 1 s), then process teardown.
-    assert took < 2 * (BUDGET_S + 1) + SLACK_S, f"SIGTERM took {took:.1f} s"
+    assert took < 2 * (WORKER_BUDGET_S + 1) + SLACK_S, f"SIGTERM took {took:.1f} s"
     assert stderr.count("no collector answers at") == 1, stderr  # one endpoint for both signals
     found = worker_lines(stderr, prefix="otel-llm serve: ")
     for role, lines in found.items():
@@ -521,3 +592,18 @@ def test_serve_disaggregated_warns_of_a_dead_collector_and_says_what_each_worker
         # Two requests made spans on both workers; none reached the dead collector.
         assert " 0 spans delivered, " in spans and " lost (" in spans, spans
     assert "Traceback" not in stderr, stderr
+
+
+def test_a_demo_given_a_cache_too_small_to_preempt_says_so(tmp_path: Path) -> None:
+    # One block of 16 tokens: every request shrinks to fit it and they run one at a time.
+    done = subprocess.run(
+        [sys.executable, "-m", "otel_llm.kit.cli", "demo", "--requests", "3", "--kv-blocks", "1"],
+        cwd=tmp_path,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr
+    said = [line for line in done.stdout.splitlines() if "preempted:" in line or "no request was" in line]
+    assert len(said) == 1 and "--kv-blocks 1" in said[0] and "16 tokens" in said[0], done.stdout

@@ -8,9 +8,9 @@ folders; the probe of an output folder in-process (otel_llm.kit.commands.preflig
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -157,43 +157,9 @@ def test_no_files_no_folder_needed(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert preflight.output_folder_problem(folder) is not None
 
 
-def test_port_0_says_where_it_listens_and_the_spans_say_the_same(tmp_path: Path) -> None:
-    pytest.importorskip("torch", reason="the reference engine needs the torch extra")
-    pytest.importorskip("fastapi", reason="the serve extra")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "otel_llm.kit.cli", "serve", "--port", "0"],
-        cwd=tmp_path,
-        env=environment(PYTHONUNBUFFERED="1", OTEL_LLM_SHUTDOWN_TIMEOUT="2"),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stderr is not None
-        port = None
-        deadline = time.monotonic() + 120
-        while port is None and time.monotonic() < deadline:
-            line = proc.stderr.readline()
-            assert line, "otel-llm serve ended before it listened"
-            if "listening on http://127.0.0.1:" in line:
-                port = int(line.split("127.0.0.1:")[1].split()[0])
-        assert port, "no line says where it listens"
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        conn.request(
-            "POST",
-            "/v1/completions",
-            body=b'{"model": "otel-llm-tiny", "prompt": "hi", "max_tokens": 2}',
-            headers={"Content-Type": "application/json"},
-        )
-        assert conn.getresponse().status == 200
-        conn.close()
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-    (traces,) = tmp_path.glob("otel-llm-output/serve-*/traces.jsonl")
+def test_port_0_says_where_it_listens_and_the_spans_say_the_same(served_files: tuple[int, Path]) -> None:
+    port, folder = served_files  # the port its line named (tests/cli_runs.py reads it)
+    traces = folder / "traces.jsonl"
     ports = {
         attribute["value"].get("intValue")
         for line in traces.read_text().splitlines()
@@ -241,3 +207,30 @@ def test_serve_with_the_sdk_disabled_says_so_and_reports_no_delivery(tmp_path: P
     assert "telemetry is off" in text and "OTEL_SDK_DISABLED" in text, text
     assert "OTLP" not in text and "no collector answers" not in text and "delivered" not in text, text
     assert not (tmp_path / "otel-llm-output").exists(), text
+
+
+def test_bare_otel_llm_prints_its_commands() -> None:
+    run = cli()
+    assert run.returncode == 2, run.said  # no command ran, as for any missing argument
+    for command in ("demo", "serve", "view"):
+        assert re.search(rf"^\s+{command}\s+\w", run.stdout, re.MULTILINE), run.stdout  # named, with a line
+    assert not run.said, run.said  # the help is the answer, not an error line
+
+
+def test_an_option_a_command_lacks_points_to_that_commands_help() -> None:
+    run = cli("view", "traces.jsonl", "--slowset")
+    assert run.returncode == 2 and len(run.said) == 1, run.said
+    assert run.said[0].startswith("otel-llm view: error:") and "--slowset" in run.said[0], run.said
+    assert "otel-llm view --help" in run.said[0], run.said
+
+
+@pytest.mark.parametrize("command", ["demo", "serve", "view"])
+def test_each_commands_help_says_what_it_does(command: str) -> None:
+    run = cli(command, "--help")
+    assert run.returncode == 0, run.said
+    # argparse prints the description as the paragraph between the usage and the arguments.
+    paragraphs = run.stdout.split("\n\n")
+    assert len(paragraphs) > 2 and not paragraphs[1].lstrip().startswith(("options:", "positional")), (
+        run.stdout
+    )
+    assert len(paragraphs[1].split()) >= 8, paragraphs[1]

@@ -38,11 +38,13 @@ def run(script: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
 
 
 def quickstart_run(cwd: Path, **env: str) -> Path:
-    """Run hook_quickstart.py; the run folder it wrote its files into (one new folder per run)."""
+    """Run hook_quickstart.py; the run folder it wrote its files into (one new folder per run), which it
+    names with the ``otel-llm view`` command for it, as docs/demo.md says every example does."""
     base = Path(env.get("OTEL_LLM_OUTPUT_DIR", cwd / "otel-llm-output"))
     before = set(base.glob("hook-quickstart-*"))
-    run("hook_quickstart.py", cwd, **env)
+    out = run("hook_quickstart.py", cwd, **env).stdout
     (folder,) = set(base.glob("hook-quickstart-*")) - before
+    assert f"otel-llm view {folder}" in out, out
     return folder
 
 

@@ -26,6 +26,7 @@ SUITE = [
     "tests/test_concurrency.py",
     "tests/test_conformance.py",
     "tests/test_engine_steps.py",
+    "tests/test_export_answers.py",
     "tests/test_file_default.py",
     "tests/test_global_providers.py",
     "tests/test_identity.py",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -159,6 +160,28 @@ def test_shutdown_returns_when_the_collector_never_answers(env, caplog, receiver
         r for r in caplog.records if r.name.startswith("otel_llm") and "did not finish" in r.getMessage()
     ]
     assert len(gave_up) == 1
+
+
+def test_the_give_up_line_names_the_budget_the_user_set(env, caplog, capfd) -> None:
+    """Nothing listens at the start (a command's check said so) nor at shutdown: the shutdown gives up
+    at once, and says so against the 5 s the user set, not against a slice of it."""
+    env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{closed_port()}")
+    telemetry = configure(set_global=False, shutdown_timeout_s=5.0)
+    tracker = RequestTracker(
+        tracer_provider=telemetry.tracer_provider, meter_provider=telemetry.meter_provider
+    )
+    drive_scenario(tracker, time.monotonic() - 5.0)
+    telemetry.endpoint_unreachable()
+    with caplog.at_level(logging.WARNING, logger="otel_llm"):
+        thread, result = shutdown_in_thread(telemetry)
+    assert not thread.is_alive() and len(result) == 1
+    ours = [r.getMessage() for r in caplog.records if r.name.startswith("otel_llm")]
+    said = "\n".join(ours) + capfd.readouterr().err  # the export process writes to this stderr
+    gave_up = [line for line in said.splitlines() if "shutdown" in line and "otel_llm" in line]
+    # SDK 1.35's HTTP exporter fails a refused connection at once, so its shutdown can end in time.
+    if result == [False]:
+        assert len(gave_up) == 1 and "5 s" in gave_up[0], said  # one line, in the user's terms
+    assert not re.search(r"within 0\.\d+ s", said), said
 
 
 def test_sdk_disabled_gives_working_no_op_providers_and_no_files(env, tmp_path: Path) -> None:

@@ -23,9 +23,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from otel_llm import RequestTracker
 from otel_llm import semconv as sc
 from otel_llm._version import __version__
+from otel_llm.export.otlp_json import OtlpJsonSpanExporter
 from otel_llm.kit.cli import main
 from otel_llm.kit.commands.view import STYLES, fmt_duration
-from otel_llm.export.otlp_json import OtlpJsonSpanExporter
 from tests.view_files import tracker_file
 
 T0 = 1000.0

@@ -150,8 +150,8 @@ def test_the_real_engine_s_preempted_rows_carry_its_figures(capsys, tmp_path: Pa
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-    from otel_llm.kit.engine import EngineConfig, LLMEngine
     from otel_llm.export.otlp_json import OtlpJsonSpanExporter
+    from otel_llm.kit.engine import EngineConfig, LLMEngine
 
     torch.set_num_threads(1)
     provider = TracerProvider()
@@ -187,3 +187,20 @@ def test_a_request_that_ended_as_it_should_names_no_span(capsys, preempted_file:
     out = view(capsys, str(preempted_file), "--request", "r")
     assert "cut short" not in out
     assert "finish: length" in out
+
+
+def test_a_start_nanoseconds_after_the_requests_reads_0() -> None:
+    """A disaggregated request's instance span starts at the arrival as the prefill process's clock
+    offset places it, the request span as the decode process's places it: 11 ns apart in a real run."""
+    from otel_llm.kit.waterfall import SpanRecord, group_requests
+    from otel_llm.kit.waterfall_render import render_lines
+
+    t = 1_700_000_000_000_000_000
+    root = SpanRecord("a" * 32, "1" * 16, None, sc.SPAN_REQUEST, t, t + 30_000_000, {sc.LLM_REQUEST_ID: "r"})
+    part = SpanRecord("a" * 32, "2" * 16, "1" * 16, sc.SPAN_INSTANCE_PREFILL, t + 11, t + 10_000_000)
+    queue = SpanRecord("a" * 32, "3" * 16, "2" * 16, sc.SPAN_QUEUE, t + 2_000_000, t + 3_000_000)
+    (trace,) = group_requests([root, part, queue])
+    text = ["".join(piece for piece, _ in line) for line in render_lines(trace, 100)]
+    rows = {line.split()[0]: line.split()[1:3] for line in text if line.startswith(" ")}
+    assert rows[sc.SPAN_INSTANCE_PREFILL][0] == "0", rows  # not "0.011 µs"
+    assert rows[sc.SPAN_QUEUE][:2] == ["2", "ms"], rows  # a real start keeps its figure

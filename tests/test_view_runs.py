@@ -90,6 +90,11 @@ def test_a_folder_of_run_folders_shows_the_newest_and_says_how_to_pick(
     rc, out, err = view(capsys, str(first), "--width", "100")  # one run folder: that run, nothing to say
     assert rc == 0 and err == "" and shown_trace(out) in trace_ids(first / "traces.jsonl")
 
+    monkeypatch.delenv("OTEL_LLM_OUTPUT_DIR", raising=False)
+    rc, out, err = view(capsys, "--width", "100")  # no file: the newest run folder of ./otel-llm-output
+    assert rc == 0 and shown_trace(out) in trace_ids(second / "traces.jsonl")
+    assert second.name in err and first.name not in err, err
+
 
 def test_a_run_number_that_is_not_there_is_a_usage_error(capsys, tmp_path: Path) -> None:
     first, _ = quickstart_twice(tmp_path)

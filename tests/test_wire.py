@@ -28,8 +28,8 @@ from span_keys import otlp_keys, sdk_keys
 
 from otel_llm import RequestTracker
 from otel_llm import semconv as sc
-from otel_llm.kit.commands.local_copy import tracker_with_local_copy
 from otel_llm.export.telemetry import Telemetry
+from otel_llm.kit.commands.local_copy import tracker_with_local_copy
 from otel_llm.setup import configure
 
 # Every test here in both export modes (OTEL_LLM_EXPORT_MODE): configure()'s export process, and none.

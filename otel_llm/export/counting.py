@@ -5,9 +5,11 @@ Three places lose telemetry, each counted under its ``reason``:
 - ``queue_full``: the batch span processor's queue (``OTEL_BSP_MAX_QUEUE_SIZE``, default 2048 spans) was
   full when a span ended. The SDK keeps the newest: the span at the old end of the queue is discarded to
   make room for the one that just ended. Counted by the processor, by the SDK's own rule.
-- ``export_failed``: the exporter gave up on a batch (collector refused, unreachable or silent until the
-  export timeout, after the SDK exporter's own retries), or raised. Every span / data point of the batch is
-  counted.
+- ``export_failed``: the exporter gave up on a batch (after the SDK exporter's own retries), or raised.
+  Every span / data point of the batch is counted. When the collector's last answer says why
+  (``otel_llm.export.answers``), the batch is counted under that instead: ``export_not_found``,
+  ``export_unauthorized``, ``export_too_large``, ``export_unavailable`` or ``export_timed_out``; a
+  collector nobody could connect to, or another answer, stays ``export_failed``.
 - ``after_shutdown``: a span ended after the pipeline was shut down.
 
 The counts are exported as cumulative self-metrics (``otel_llm.export.spans.dropped``,
@@ -32,6 +34,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 
 from otel_llm import semconv as sc
 from otel_llm._version import __version__
+from otel_llm.export import answers as export_answers
 
 _logger = logging.getLogger(__name__)
 
@@ -109,23 +112,33 @@ class DropCounter:
         return sum(self.by_reason(signal).values())
 
 
+def _failure(answers: export_answers.Answers | None) -> str:
+    """The reason a failed export is counted under: what the collector last answered, when known."""
+    known = answers.reason() if answers is not None else None
+    return known or REASON_EXPORT_FAILED
+
+
 class CountingSpanExporter(SpanExporter):
-    """Delegates to ``inner``; counts the spans of every batch it failed or raised on."""
+    """Delegates to ``inner``; counts the spans of every batch it failed or raised on, under what the
+    collector answered when ``inner`` is an SDK OTLP exporter (``otel_llm.export.answers``)."""
 
     def __init__(self, inner: SpanExporter, drops: DropCounter) -> None:
         self.inner = inner
         self._drops = drops
+        self._answers = export_answers.watch(inner)
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        if self._answers is not None:
+            self._answers.begin()
         try:
             result = self.inner.export(spans)
         except Exception:
-            self._drops.add(SPANS, REASON_EXPORT_FAILED, len(spans))
+            self._drops.add(SPANS, _failure(self._answers), len(spans))
             raise  # the batch processor logs it, as it would without this wrapper
         if result is SpanExportResult.SUCCESS:
             self._drops.add_delivered(SPANS, len(spans))
         else:
-            self._drops.add(SPANS, REASON_EXPORT_FAILED, len(spans))
+            self._drops.add(SPANS, _failure(self._answers), len(spans))
         return result
 
     def shutdown(self) -> None:
@@ -147,7 +160,7 @@ def count_points(data: MetricsData) -> int:
 
 class CountingMetricExporter(MetricExporter):
     """Delegates to ``inner`` (keeping its temporality / aggregation preferences); counts the data points
-    of every batch it failed or raised on."""
+    of every batch it failed or raised on, as ``CountingSpanExporter`` counts spans."""
 
     def __init__(self, inner: MetricExporter, drops: DropCounter) -> None:
         super().__init__(
@@ -156,23 +169,26 @@ class CountingMetricExporter(MetricExporter):
         )
         self.inner = inner
         self._drops = drops
+        self._answers = export_answers.watch(inner)
 
     def export(
         self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
     ) -> MetricExportResult:
         points = count_points(metrics_data)
         self._drops.in_flight(METRIC_POINTS, points)
+        if self._answers is not None:
+            self._answers.begin()
         try:
             result = self.inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
         except Exception:
-            self._drops.add(METRIC_POINTS, REASON_EXPORT_FAILED, points)
+            self._drops.add(METRIC_POINTS, _failure(self._answers), points)
             raise
         finally:
             self._drops.in_flight(METRIC_POINTS, -points)
         if result is MetricExportResult.SUCCESS:
             self._drops.add_delivered(METRIC_POINTS, points)
         else:
-            self._drops.add(METRIC_POINTS, REASON_EXPORT_FAILED, points)
+            self._drops.add(METRIC_POINTS, _failure(self._answers), points)
         return result
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
@@ -259,13 +275,15 @@ def register_self_metrics(
         sc.METRIC_DROPPED_SPANS,
         callbacks=[observer(SPANS)],
         unit="{span}",
-        description="Spans the export pipeline lost, by reason (queue_full, export_failed, after_shutdown)",
+        description="Spans the export pipeline lost, by reason (queue_full, export_failed or what the "
+        "collector answered: export_not_found, ...; after_shutdown)",
     )
     meter.create_observable_counter(
         sc.METRIC_DROPPED_POINTS,
         callbacks=[observer(METRIC_POINTS)],
         unit="{data_point}",
-        description="Metric data points the export pipeline lost, by reason (export_failed)",
+        description="Metric data points the export pipeline lost, by reason (export_failed or what the "
+        "collector answered: export_not_found, ...)",
     )
     if queue_depth is not None:
 

@@ -107,6 +107,46 @@ def otlp_metric_exporter(signal_protocol: str) -> MetricExporter:
     return HttpMetricExporter()
 
 
+_SIGNAL_PATHS = ("/v1/traces", "/v1/metrics", "/v1/logs")
+
+
+def signal_path_mistake(url: str | None = None) -> str | None:
+    """What is wrong when the generic endpoint (``url``, else ``OTEL_EXPORTER_OTLP_ENDPOINT``) ends in a
+    signal's path, as in ``http://localhost:4318/v1/traces``, and a signal takes it over OTLP/HTTP: the
+    exporter appends ``/v1/<signal>`` to the generic endpoint, so the collector would answer 404. None
+    when that is not so (gRPC ignores the path; a per-signal endpoint is used as given)."""
+    from urllib.parse import urlsplit
+
+    raw = (url if url is not None else _env(ENV_ENDPOINT)).strip()
+    path = urlsplit(raw).path.rstrip("/") if "://" in raw else ""
+    ending = next((p for p in _SIGNAL_PATHS if path.endswith(p)), None)
+    if ending is None:
+        return None
+    over_http = [
+        s
+        for s in ("traces", "metrics")
+        if not _env(_signal_env(s, "ENDPOINT")) and _protocol_or_default(s) == PROTOCOL_HTTP  # type: ignore[arg-type]
+    ]
+    if not over_http:
+        return None
+    base = raw.rstrip("/")[: -len(ending)]
+    signal: Signal = "metrics" if ending == "/v1/metrics" else "traces"  # logs: the traces' example
+    return (
+        f"ends in {ending}, and the OTLP/HTTP exporter adds /v1/{over_http[0]} to it (POST "
+        f"{base}{ending}/v1/{over_http[0]}, which a collector answers 404): set {ENV_ENDPOINT}={base} (the "
+        f"base URL), or {_signal_env(signal, 'ENDPOINT')}={base}/v1/{signal} (a full URL, used as given) "
+        f"for {signal} alone"
+    )
+
+
+def _protocol_or_default(signal: Signal) -> str:
+    """``protocol(signal)``, or the default where that raises (the protocol's own check says why)."""
+    try:
+        return protocol(signal)
+    except ValueError:
+        return DEFAULT_PROTOCOL
+
+
 def endpoint_url(signal: Signal) -> str:
     """The URL a signal's OTLP exporter sends to: the per-signal variable, else the generic one."""
     return _env(_signal_env(signal, "ENDPOINT")) or _env(ENV_ENDPOINT)
@@ -115,9 +155,10 @@ def endpoint_url(signal: Signal) -> str:
 def endpoint_urls() -> list[str]:
     """The distinct OTLP endpoint URLs the current environment sends to (none for files)."""
     urls: list[str] = []
-    for signal in ("traces", "metrics"):
-        if destination(signal) == "otlp":  # type: ignore[arg-type]
-            url = endpoint_url(signal)  # type: ignore[arg-type]
+    signals: tuple[Signal, ...] = ("traces", "metrics")
+    for signal in signals:
+        if destination(signal) == "otlp":
+            url = endpoint_url(signal)
             if url and url not in urls:
                 urls.append(url)
     return urls

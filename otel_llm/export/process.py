@@ -236,7 +236,11 @@ class ExportProcess:
             emitter.resolve()
         return self.telemetry.force_flush(timeout_s)
 
-    def stop(self, timeout_s: float) -> bool:
+    def stop(self, timeout_s: float, quiet: bool = True) -> bool:
+        """Shut the pipeline down within ``timeout_s``; ``quiet``: the engine's process, which set the
+        budget, says whether this was late (``Telemetry.shutdown_quietly``)."""
+        if quiet:
+            return self.telemetry.shutdown_quietly(timeout_s)
         return self.telemetry.shutdown(timeout_s)
 
 
@@ -301,8 +305,8 @@ def serve(read_fd: int, write_fd: int) -> int:
             last_parent_check = now
             ended = os.getppid() != parent
         if ended:  # the engine's process is gone: export what this process holds, then go
-            if process is not None:
-                process.stop(process.telemetry.shutdown_timeout_s)
+            if process is not None:  # nobody else will say it was late: this process does
+                process.stop(process.telemetry.shutdown_timeout_s, quiet=False)
             return 0
 
 

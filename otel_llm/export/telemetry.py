@@ -38,8 +38,15 @@ _AFTER_STOP = (
     "Exporter already shutdown",
     "Failed to export %s batch due to timeout, max retries or shutdown",
 )
+__all__ = ["DeliveryReport", "Telemetry"]
+
 REASON_UNSENT = "unsent_at_shutdown"  # spans still queued when the pipeline stopped
 _GIVE_UP_S = 0.2  # the shutdown's budget when no collector listened at the start and none listens now
+
+
+def _seconds(value: float) -> str:
+    """``5 s``, ``0.5 s``, ``2.25 s``: a budget as the user wrote it, not rounded to a tenth."""
+    return f"{value:g} s"
 
 
 def _still_refused() -> bool:
@@ -260,7 +267,7 @@ class Telemetry:
         late = _run_until(calls, deadline) + [(name, None) for name in failed]
         if late:
             _logger.warning(
-                "otel_llm: %s did not finish within %.1f s", ", ".join(n for n, _ in late), budget
+                "otel_llm: %s did not finish within %s", ", ".join(n for n, _ in late), _seconds(budget)
             )
         return not late
 
@@ -269,13 +276,23 @@ class Telemetry:
 
         ``timeout_s`` defaults to ``shutdown_timeout_s`` (``configure(shutdown_timeout_s=...)`` or the
         ``OTEL_LLM_SHUTDOWN_TIMEOUT`` environment variable, default 5 s). Returns True when both providers
-        finished in time, False when it gave up on them. Idempotent: later calls return the first call's
-        result at once. Never raises.
+        finished in time, False when it gave up on them (one warning says so, naming that budget).
+        Idempotent: later calls return the first call's result at once. Never raises.
         """
+        return self._shutdown(timeout_s, warn=True)
+
+    def shutdown_quietly(self, timeout_s: float) -> bool:
+        """``shutdown()`` without its warning: for the export process, whose ``timeout_s`` is the part of
+        the engine's budget left to it, and whose lateness the engine's process reports in the user's
+        terms (as ``export process shutdown``)."""
+        return self._shutdown(timeout_s, warn=False)
+
+    def _shutdown(self, timeout_s: float | None, warn: bool) -> bool:
         with self._lock:
             if self._shutdown_result is not None:
                 return self._shutdown_result
             budget = self.shutdown_timeout_s if timeout_s is None else timeout_s
+            asked = budget  # the budget the user set, which the warning names
             if self._unreachable_at_start and _still_refused():
                 # Nothing listened at the start and nothing listens now: a retry cannot deliver, so the
                 # last export is given up on at once (and counted) instead of for the whole budget.
@@ -287,15 +304,25 @@ class Telemetry:
             if self.channel is not None:
                 call = functools.partial(self._channel_call, "shutdown", budget, failed)
                 calls.append(("export process shutdown", call))
-            late = _run_until(calls, deadline)
-            late += [(name, None) for name in failed]
+            late = _run_until(calls, deadline) + [(name, None) for name in failed]
+            if late and warn:
+                names = ", ".join(n for n, _ in late)
+                if budget < asked:
+                    _logger.warning(
+                        "otel_llm: no collector listened at the start or at shutdown, so %s gave up at "
+                        "once instead of waiting out the %s shutdown timeout; unexported telemetry is "
+                        "dropped",
+                        names,
+                        _seconds(asked),
+                    )
+                else:
+                    _logger.warning(
+                        "otel_llm: %s did not finish within the %s shutdown timeout (collector unreachable "
+                        "or slow?); unexported telemetry is dropped",
+                        names,
+                        _seconds(asked),
+                    )
             if late:
-                _logger.warning(
-                    "otel_llm: %s did not finish within %.1f s (collector unreachable or slow?); "
-                    "unexported telemetry is dropped",
-                    ", ".join(n for n, _ in late),
-                    budget,
-                )
                 # Reported here and in delivery(): what the exporters log from now on adds nothing.
                 _silence_exporters()
                 grace_ends = time.monotonic() + _ABORT_GRACE_S

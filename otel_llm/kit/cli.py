@@ -34,8 +34,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """``parser.parse_args``, except that bare ``otel-llm`` prints the commands (help, exit status 2: no
+    command ran, as for any missing argument), and an option a command does not know is that command's
+    error, pointing to ``otel-llm COMMAND --help`` (argparse would report it against ``otel-llm``)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        parser.print_help()
+        raise SystemExit(2)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        commands.choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse(build_parser(), argv)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

@@ -98,6 +98,17 @@ def fmt_duration(seconds: float) -> str:
     return f"{value:.3g} {unit}" if value < 100 else f"{value:.0f} {unit}"
 
 
+# Starts closer to the request's start than this are drawn as 0. A disaggregated request's spans come
+# from two processes, each turning monotonic time into wall-clock time with its own offset, so the same
+# instant (the arrival) can differ by a few nanoseconds between them: no step of the request.
+_START_RESOLUTION_S = 1e-6
+
+
+def fmt_start(offset_s: float) -> str:
+    """A span's start, seconds after its request's, as ``fmt_duration`` writes it; 0 under 1 µs."""
+    return "0" if abs(offset_s) < _START_RESOLUTION_S else fmt_duration(offset_s)
+
+
 def fmt_time(value: object) -> str:
     """A number of seconds as ``fmt_duration`` writes it; ``-`` when it is not a number."""
     return fmt_duration(float(value)) if isinstance(value, (int, float)) else "-"
@@ -270,7 +281,7 @@ def render_lines(trace: RequestTrace, width: int = 100, window: tuple[int, int] 
     for label, (_, span) in zip(labels, rows):
         if len(label) > name_w:
             label = label[: name_w - 1] + "…"
-        start = fmt_duration((span.start_ns - root.start_ns) / 1e9)
+        start = fmt_start((span.start_ns - root.start_ns) / 1e9)
         lead = f"{label:<{name_w}} {start:>{time_w}} {fmt_duration(span.duration_s):>{time_w}}  "
         cells = _cells(span, trace, t0, t1, cols)
         drawn |= {cell for cell in cells if cell[0] != " "}  # type: ignore[misc]

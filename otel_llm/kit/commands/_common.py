@@ -220,7 +220,12 @@ def destinations() -> list[str]:
 
 # Each way telemetry is lost, in a reader's words (otel_llm.export.counting and Telemetry.delivery()).
 _LOSS_WORDS = {
-    "export_failed": "export failed: the collector was unreachable, refused or too slow",
+    "export_failed": "export failed: no collector took the connection, or it gave another error",
+    "export_not_found": "not found: no OTLP receiver at that URL (check its path)",
+    "export_unauthorized": "unauthorized: the collector refused the credentials (OTEL_EXPORTER_OTLP_HEADERS)",
+    "export_too_large": "too large: the collector refused batches over its size limit",
+    "export_unavailable": "unavailable: the collector answered that it could not take them now",
+    "export_timed_out": "timed out: no answer within the export timeout (OTEL_EXPORTER_OTLP_TIMEOUT)",
     "queue_full": "the span queue was full",
     "after_shutdown": "ended after the shutdown",
     "unsent_at_shutdown": "still queued when the shutdown timeout ran out",

@@ -33,6 +33,9 @@ from otel_llm.kit.commands._common import (
 from otel_llm.kit.commands.preflight import output_folder_problem
 from otel_llm.kit.commands.workload import chat_question
 
+DEFAULT_KV_BLOCKS = 24  # too few for the workload's requests at once: some are preempted
+WORKLOAD_MAX_LEN = 400  # tokens of the longest request (prompt and output), where the cache holds it
+
 # How to send the same run to a collector and look at it in Jaeger (collector-config/local/ starts both).
 COLLECTOR_HINT = (
     "OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4318 otel-llm demo (a collector's OTLP/HTTP port), then "
@@ -88,8 +91,9 @@ def run(args: argparse.Namespace) -> int:
         from otel_llm.kit.commands.demo_disaggregated import run_disaggregated
 
         return run_disaggregated(args, console)
-    if args.kv_blocks is None:
-        args.kv_blocks = 24
+    blocks_given = args.kv_blocks is not None
+    if not blocks_given:
+        args.kv_blocks = DEFAULT_KV_BLOCKS
 
     from otel_llm.kit.commands.chat import ChatClient, make_chat_workload
     from otel_llm.kit.commands.local_copy import tracker_with_local_copy
@@ -120,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
         tracer_provider=telemetry.tracer_provider,
         meter_provider=telemetry.meter_provider,
     )
-    max_len = min(config.kv_capacity, 400)
+    max_len = min(config.kv_capacity, WORKLOAD_MAX_LEN)
     workload = make_chat_workload(args.requests, args.seed, max_len, chat_question)
     client = ChatClient(workload, engine.tokenizer.encode, max_len)
     token_ts: dict[str, list[float]] = {}
@@ -156,6 +160,8 @@ def run(args: argparse.Namespace) -> int:
     out.print(summary_table(requests, token_ts, engine.num_preemptions, step, elapsed))
     if requests:
         emit(render_lines(pick_request(requests), width=terminal_width()), file=out.file)
+    if blocks_given and engine.num_preemptions == 0:  # the point of the demo did not happen: say why
+        out.print(no_preemption_note(args.kv_blocks, config.kv_capacity, max_len))
     stall = telling_stall(requests)
     if stall is not None:  # why one request's token waited, from the steps the engine reported
         out.print(f"stalls by cause: {causes_text(stall_counts(requests) or {})}")
@@ -172,6 +178,16 @@ def run(args: argparse.Namespace) -> int:
         out.print(f"view a request: otel-llm view {traces[0]}")
         out.print(f"to a collector instead: {COLLECTOR_HINT}")
     return 0
+
+
+def no_preemption_note(kv_blocks: int, capacity: int, max_len: int) -> str:
+    """Why a demo with ``--kv-blocks`` given preempted nothing: its cache never ran short, and a tiny
+    one shrank every request to fit it (``max_len`` tokens, prompt and output)."""
+    note = f"no request was preempted: the KV cache of --kv-blocks {kv_blocks} ({capacity} tokens) "
+    note += "never ran short"
+    if max_len < WORKLOAD_MAX_LEN:
+        note += f"; every request was shrunk to fit {max_len} tokens (prompt and output)"
+    return f"{note}; the default, {DEFAULT_KV_BLOCKS} blocks, is sized to preempt"
 
 
 def _rich(command: str) -> tuple[type, type]:

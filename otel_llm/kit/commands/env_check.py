@@ -29,11 +29,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from otel_llm.kit.commands._common import usage_error
 from otel_llm.export.channel import ENV_EXPORT_MODE, ENV_QUEUE_SIZE
 from otel_llm.export.channel import MODES as EXPORT_MODES
 from otel_llm.export.quiet import ENV_EXPORTER_LOGS
 from otel_llm.export.quiet import MODES as EXPORTER_LOGS
+from otel_llm.kit.commands._common import usage_error
 
 SDK = "sdk"  # read by the OpenTelemetry SDK's providers and exporters, when the SDK is on
 API = "api"  # read by the OpenTelemetry API when it is imported, whatever the SDK does
@@ -141,6 +141,17 @@ def endpoint(raw: str) -> None:
         )
 
 
+def generic_endpoint(raw: str) -> None:
+    """``endpoint``, and not a signal's URL: the OTLP/HTTP exporter appends ``/v1/<signal>`` itself."""
+    from otel_llm.export import otlp
+
+    endpoint(raw)
+    mistake = otlp.signal_path_mistake(raw)
+    if mistake is not None:
+        why, _, hint = mistake.partition(": ")
+        raise Unusable(why, hint)
+
+
 # RFC 9110 token characters: what an HTTP header name may be made of.
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
@@ -244,9 +255,16 @@ def _exporter_rules() -> list[Rule]:
             "no http/json exporter",
         ),
         Rule(
-            _per_signal("ENDPOINT"),
+            _per_signal("ENDPOINT")[:1],
+            generic_endpoint,
+            "pass the collector's base URL: http://localhost:4318 (OTLP/HTTP) or http://localhost:4317 "
+            "(gRPC)",
+        ),
+        Rule(
+            _per_signal("ENDPOINT")[1:],
             endpoint,
-            "pass the collector's URL: http://localhost:4318 (OTLP/HTTP) or http://localhost:4317 (gRPC)",
+            "pass the collector's URL: http://localhost:4318/v1/<signal> (OTLP/HTTP) or "
+            "http://localhost:4317 (gRPC)",
         ),
         Rule(
             _per_signal("HEADERS"),

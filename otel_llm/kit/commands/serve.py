@@ -43,7 +43,13 @@ DEFAULT_BODY_TIMEOUT_S = 30.0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("serve", help="serve the reference engine over an OpenAI-compatible HTTP API")
+    p = subparsers.add_parser(
+        "serve",
+        help="serve the reference engine over an OpenAI-compatible HTTP API",
+        description="Serve the reference torch engine over an OpenAI-compatible HTTP API "
+        "(/v1/completions, /v1/chat/completions, /v1/models), every request traced. Without an endpoint, "
+        "telemetry goes to OTLP JSON files in a new run folder; Ctrl-C or SIGTERM stops it.",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=tcp_port, default=8000, help="TCP port (default 8000; 0 picks a free one)")
     p.add_argument(
@@ -124,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
 
     import otel_llm
     from otel_llm.kit.engine import EngineConfig, LLMEngine, ModelConfig
+    from otel_llm.kit.server.operations import OperationTrackers
     from otel_llm.server_attributes import server_attributes
 
     config = EngineConfig(
@@ -138,11 +145,15 @@ def run(args: argparse.Namespace) -> int:
     warn_if_unreachable("serve", telemetry)
     if telemetry.output_dir is not None:
         print(f"otel-llm serve: files: {telemetry.output_dir}", file=sys.stderr, flush=True)
-    tracker = otel_llm.RequestTracker(
-        tracer_provider=telemetry.tracer_provider,
-        meter_provider=telemetry.meter_provider,
-        model=args.model_name,
-        attributes=server_attributes(args.host, args.port, args.model_name),
+    # A tracker per GenAI operation: /v1/chat/completions is `chat`, /v1/completions `text_completion`.
+    tracker = OperationTrackers(
+        lambda operation: otel_llm.RequestTracker(
+            tracer_provider=telemetry.tracer_provider,
+            meter_provider=telemetry.meter_provider,
+            model=args.model_name,
+            operation_name=operation,
+            attributes=server_attributes(args.host, args.port, args.model_name),
+        )
     )
     engine = LLMEngine(
         config,

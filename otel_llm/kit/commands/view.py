@@ -10,12 +10,14 @@ names another (``--runs`` lists them), and say on stderr which one and how to pi
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from otel_llm import semconv as sc
-from otel_llm.kit.trace_runs import Run, split_runs, trace_files, where
+from otel_llm.kit.trace_runs import TRACES_FILE, Run, split_runs, trace_files, where
 from otel_llm.kit.waterfall import RequestTrace, SpanRecord, group_requests, load_otlp_json, pick_request
 from otel_llm.kit.waterfall_render import (
     MIN_WIDTH,
@@ -46,9 +48,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "file",
-        nargs="+",
+        nargs="*",
         help="OTLP JSON lines traces files, or folders holding them (a disaggregated run writes one per "
-        "worker: pass its folder to see both instances of a request)",
+        "worker: pass its folder to see both instances of a request); none: the newest run folder in "
+        "OTEL_LLM_OUTPUT_DIR, else ./otel-llm-output",
     )
     which = p.add_mutually_exclusive_group()
     which.add_argument("--request", metavar="ID", help="the request id (llm.request.id); latest if repeated")
@@ -101,9 +104,32 @@ def _run_number(text: str) -> int:
     return int(text)
 
 
+def newest_run_folder() -> Path:
+    """With no file named: the run folder whose ``traces.jsonl`` was written last, in the folder runs
+    write into by default (``OTEL_LLM_OUTPUT_DIR``, else ``./otel-llm-output``). ValueError when none."""
+    from otel_llm.setup import DEFAULT_OUTPUT_DIR, ENV_OUTPUT_DIR
+
+    base = Path(os.environ.get(ENV_OUTPUT_DIR, "").strip() or DEFAULT_OUTPUT_DIR)
+    found = (
+        list(base.glob(f"*/{TRACES_FILE}")) + list(base.glob(f"*/*/{TRACES_FILE}")) if base.is_dir() else []
+    )
+    if not found:
+        raise ValueError(
+            f"no FILE given, and no run folder with a {TRACES_FILE} in {base}/: pass a traces file or "
+            "folder (otel-llm demo writes one)"
+        )
+    newest = max(found, key=lambda f: f.stat().st_mtime)
+    folder = newest.parent if newest.parent.parent == base else newest.parent.parent  # a worker's file
+    print(
+        f"otel-llm view: the newest run in {base}/: {folder} (name a file or folder for another)",
+        file=sys.stderr,
+    )
+    return folder
+
+
 def run(args: argparse.Namespace) -> int:
     try:
-        files = trace_files(args.file)
+        files = trace_files(args.file or [str(newest_run_folder())])
         runs = split_runs(files)
         if not runs:
             shown = ", ".join(map(str, files))
