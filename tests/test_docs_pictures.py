@@ -1,11 +1,11 @@
-"""The pictures of the documentation are what the code draws today, and the demo's output in the README
-is a real run's.
+"""The pictures of the documentation are what the code draws today, and the demo's output in
+docs/demo.md is a real run's.
 
 ``docs/pictures/make_pictures.py`` runs the demo and draws ``otel-llm view``'s waterfall as SVG; here it
 draws it again from a fresh run (not compared byte for byte: timings differ from run to run) and the
 SVG must be well formed and show that run's request, its trace id and every span of its trace. The
-picture in the repository must be such an SVG too, and the README must show it. The README's sample of
-the demo's output must have the rows and lines a run prints today.
+picture in the repository must be such an SVG too, and the README must show it. docs/demo.md's sample
+of the demo's output must have the rows and lines a run prints today.
 """
 
 from __future__ import annotations
@@ -56,8 +56,9 @@ def test_the_picture_in_the_repository_is_a_waterfall_and_the_readme_shows_it() 
     assert "](docs/pictures/waterfall.svg)" in (ROOT / "README.md").read_text()
 
 
-def readme_demo_sample() -> list[str]:
-    text = (ROOT / "README.md").read_text()
+def demo_sample() -> list[str]:
+    """The demo run shown in docs/demo.md (the README links there)."""
+    text = (ROOT / "docs" / "demo.md").read_text()
     (sample,) = re.findall(r"```text\n\$ otel-llm demo\n(.*?)```", text, re.S)
     return sample.splitlines()
 
@@ -66,14 +67,14 @@ def table_rows(lines: list[str]) -> list[str]:
     return [line.split("│")[1].strip() for line in lines if line.startswith("│")]
 
 
-def test_the_readme_shows_what_the_demo_prints(demo: tuple[Path, str, str]) -> None:
+def test_the_demo_page_shows_what_the_demo_prints(demo: tuple[Path, str, str]) -> None:
     _, printed, _ = demo
-    shown, real = readme_demo_sample(), printed.splitlines()
-    assert table_rows(shown) == table_rows(real), "the README's summary table has other rows than a run's"
+    shown, real = demo_sample(), printed.splitlines()
+    assert table_rows(shown) == table_rows(real), "docs/demo.md's summary table has other rows than a run's"
     prefixes = ("request req-", "TTFT: ", "preemptions: ", "stalls by cause: ", "a stall: ", "traces: ")
     for prefix in (*prefixes, "metrics: ", "view a request: "):
         # The waterfall's figures are wrapped to the width: with other timings (a busy machine) a
         # figure can start a line or follow another one on it, two spaces after it.
         assert any(line.startswith(prefix) or f"  {prefix}" in line for line in shown), prefix
         assert any(line.startswith(prefix) or f"  {prefix}" in line for line in real), prefix
-    assert shown[-1] == real[-1], "the demo's last line (how to send to a collector) is not the README's"
+    assert shown[-1] == real[-1], "the demo's last line (how to send to a collector) is not docs/demo.md's"
