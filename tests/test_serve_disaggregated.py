@@ -205,3 +205,16 @@ def test_sigterm_stops_the_server_and_both_workers_within_the_budget(run: dict[s
     # The worker queues' named semaphores are unlinked before uvicorn re-raises SIGTERM: the resource
     # tracker (which shares this stderr and outlives the server) has nothing to report as leaked.
     assert "leaked semaphore" not in run["stderr"], run["stderr"]
+
+
+def test_each_request_names_its_operation_on_both_workers(run: dict[str, Any]) -> None:
+    """A chat completion is `chat` and a completion `text_completion` (the GenAI conventions' names),
+    on the prefill worker's spans and the decode worker's alike."""
+    chat_id = run["chunks"][0].id
+    plain_id = run["plain"].parse().id
+    by_request: dict[str, set[str]] = {}
+    for span in run["spans"]:
+        request_id = span.attributes.get(sc.LLM_REQUEST_ID)
+        if request_id in (chat_id, plain_id) and sc.GEN_AI_OPERATION_NAME in span.attributes:
+            by_request.setdefault(request_id, set()).add(span.attributes[sc.GEN_AI_OPERATION_NAME])
+    assert by_request == {chat_id: {"chat"}, plain_id: {"text_completion"}}

@@ -91,11 +91,18 @@ def _telemetry(role: str, output_dir: str | None, model: str, resource: dict[str
     telemetry = otel_llm.configure(
         service_name=f"otel-llm-{role}", output_dir=out, set_global=False, resource_attributes=resource
     )
-    tracker = otel_llm.RequestTracker(
-        tracer_provider=telemetry.tracer_provider,
-        meter_provider=telemetry.meter_provider,
-        model=model,
-        role=role,
+    # A tracker per GenAI operation, as `otel-llm serve` has: the request ids the server chose say which
+    # (chat completions are `chat`, completions and the demo's requests `text_completion`).
+    from otel_llm.kit.server.operations import OperationTrackers
+
+    tracker = OperationTrackers(
+        lambda operation: otel_llm.RequestTracker(
+            tracer_provider=telemetry.tracer_provider,
+            meter_provider=telemetry.meter_provider,
+            model=model,
+            role=role,
+            operation_name=operation,
+        )
     )
     return telemetry, tracker
 
