@@ -3,7 +3,8 @@
 The full run (a few minutes on 2 cores) writes BENCHMARKS.md at the repository root. ``--quick`` runs
 every section at tiny sizes in seconds and writes nothing unless ``--output`` / ``--json`` is given; its
 numbers mean nothing, it only proves the harness still runs (CI). ``--only`` runs some sections and,
-like ``--quick``, prints without writing unless ``--output`` is given.
+like ``--quick``, prints without writing unless ``--output`` is given. Writing a report keeps the
+hand-written section at the end of the file it replaces (``benchmarks/hand_written.py``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from benchmarks import (
     sglang_cost,
     targets,
 )
+from benchmarks.hand_written import with_hand_written_tail
 from benchmarks.machine import describe
 from benchmarks.report import Measure, section_tables
 
@@ -127,7 +129,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = "\n".join(lines)
     print(text)
     if output is not None:
-        output.write_text(text, encoding="utf-8")
+        # The hand-written section at the file's end (below its marker line) survives the new tables.
+        output.write_text(with_hand_written_tail(text, output), encoding="utf-8")
     if args.json is not None:
         args.json.write_text(json.dumps([m.__dict__ for m in measures], indent=1), encoding="utf-8")
     return 0

@@ -25,6 +25,11 @@ PAGES = [
     "docs/server.md",
     "docs/sglang.md",
     "docs/transformers.md",
+    "docs/fleet.md",
+    "docs/configuration.md",
+    "docs/telemetry.md",
+    "docs/demo.md",
+    "docs/operations.md",
 ]
 
 
