@@ -101,12 +101,25 @@ def test_timestamps_going_backwards_are_clamped(harness):
     t.finished("r", ts=T0 - 1)
     tr = harness.trace("r", T0)
     assert_well_formed(harness)
+    # Each late timestamp moved up to the request's previous event: S1 = Q = T0, F = T0 + 1, and the
+    # second tokens event and the finish both at F. So L = E = T0 + 1.
+    tr.assert_interval(tr.root, T0, T0 + 1)
+    tr.assert_interval(tr.child(tr.root, sc.SPAN_QUEUE), T0, T0)
+    tr.assert_interval(tr.child(tr.root, sc.SPAN_PREFILL), T0, T0 + 1)
+    tr.assert_interval(tr.child(tr.root, sc.SPAN_DECODE), T0 + 1, T0 + 1)
     a = tr.root.attributes
-    for key in (sc.LLM_LATENCY_QUEUE, sc.LLM_LATENCY_PREFILL, sc.LLM_LATENCY_DECODE, sc.LLM_LATENCY_E2E):
-        assert a[key] >= 0, key
+    want = {
+        sc.LLM_LATENCY_QUEUE: 0.0,
+        sc.LLM_LATENCY_PREFILL: 1.0,
+        sc.LLM_LATENCY_DECODE: 0.0,
+        sc.LLM_LATENCY_INFERENCE: 1.0,
+        sc.LLM_LATENCY_TTFT: 1.0,
+        sc.LLM_LATENCY_E2E: 1.0,
+    }
+    assert {key: a[key] for key in want} == pytest.approx(want, abs=1e-9)
     assert t.anomaly_counts[an.TIMESTAMP_REGRESSION] == 3
-    itl = next(iter(harness.metrics()[sc.METRIC_ITL]))
-    assert itl.min >= 0
+    (itl,) = harness.metrics()[sc.METRIC_ITL]  # one gap: the second tokens event, moved up to the first
+    assert (itl.count, itl.min, itl.max) == (1, 0.0, 0.0)
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])

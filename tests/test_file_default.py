@@ -15,6 +15,7 @@ import logging
 import re
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +31,8 @@ from otlp_receivers import CALLER_TRACE_ID, attributes, drive_scenario
 from span_keys import otlp_keys, sdk_keys
 
 from otel_llm import semconv as sc
-from otel_llm.kit.commands.local_copy import tracker_with_local_copy
 from otel_llm.export.otlp_json import OtlpJsonSpanExporter
+from otel_llm.kit.commands.local_copy import tracker_with_local_copy
 from otel_llm.setup import configure
 
 # Every test here in both export modes (OTEL_LLM_EXPORT_MODE): configure()'s export process, and none.
@@ -138,20 +139,33 @@ def test_no_endpoint_writes_valid_otlp_json_files(env, tmp_path: Path) -> None:
 
 
 def test_raw_lines_use_integer_enums(env) -> None:
-    directory, _, _ = run_scenario_to_files()
-    first = json.loads((directory / "traces.jsonl").read_text().splitlines()[0])
-    span = first["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
-    assert isinstance(span["kind"], int)
-    histograms = [
-        m["histogram"]
+    """OTLP/JSON writes enums as their integer values (json_format.Parse, above, would take names too)."""
+    directory, _, in_memory = run_scenario_to_files()
+    # Each span's kind as the SDK built it (the local copy: in export mode process its span ids differ,
+    # so spans are matched by name); OTLP's SpanKind counts from UNSPECIFIED = 0, the SDK's from INTERNAL = 0.
+    kinds = [
+        (span["name"], span["kind"])
+        for line in (directory / "traces.jsonl").read_text().splitlines()
+        for rs in json.loads(line)["resourceSpans"]
+        for ss in rs["scopeSpans"]
+        for span in ss["spans"]
+    ]
+    # Every span: a name such as "SPAN_KIND_SERVER" would not be equal.
+    assert Counter(kinds) == Counter((s.name, s.kind.value + 1) for s in in_memory)
+    assert {type(kind) for _, kind in kinds} == {int}
+    metrics = [
+        m
         for line in (directory / "metrics.jsonl").read_text().splitlines()
         for rm in json.loads(line)["resourceMetrics"]
         for sm in rm["scopeMetrics"]
         for m in sm["metrics"]
-        if "histogram" in m
     ]
-    assert histograms
-    assert all(isinstance(h["aggregationTemporality"], int) for h in histograms)
+    temporalities = [
+        m[data]["aggregationTemporality"] for m in metrics for data in ("histogram", "sum") if data in m
+    ]
+    assert any("histogram" in m for m in metrics) and any("sum" in m for m in metrics), metrics
+    # No temporality preference is set: every histogram and sum is cumulative (2), written as the integer.
+    assert temporalities and {(type(t), t) for t in temporalities} == {(int, 2)}, temporalities
 
 
 def test_output_dir_from_env(env, tmp_path: Path) -> None:

@@ -106,15 +106,9 @@ def check_invariants(h, events):
     assert sorted(roots) == sorted(finished)
     for s in spans.values():
         if s.name == sc.SPAN_REQUEST:
-            for key in (
-                sc.LLM_LATENCY_QUEUE,
-                sc.LLM_LATENCY_PREFILL,
-                sc.LLM_LATENCY_DECODE,
-                sc.LLM_LATENCY_INFERENCE,
-                sc.LLM_LATENCY_TTFT,
-                sc.LLM_LATENCY_E2E,
-            ):
-                assert s.attributes.get(key, 0) >= 0, key
+            check_latencies(
+                s, [c for c in spans.values() if c.parent and c.parent.span_id == s.context.span_id]
+            )
     metrics = h.metrics()
     exported = {p.attributes[sc.LLM_ANOMALY_KIND]: p.value for p in metrics.get(sc.METRIC_ANOMALIES, [])}
     assert exported == t.anomaly_counts
@@ -122,3 +116,51 @@ def check_invariants(h, events):
         assert sum(p.bucket_counts) == p.count and (p.count == 0 or p.min >= 0)
     active = sum(p.value for p in metrics[sc.METRIC_ACTIVE])
     assert active == t.in_flight
+
+
+TOLERANCE_S = 1e-6  # span times are whole nanoseconds of the wall clock; the values are float seconds
+
+
+def check_latencies(root, children) -> None:
+    """The ``llm.latency.*`` values of one ``llm.request`` are the ones docs/lifecycle.md defines, read back
+    from its spans: the request span is [A, E], ``llm.queue`` [Q, S1], ``llm.prefill`` [S1, F] and
+    ``llm.decode`` [F, E]; so e2e = E - A, queue = S1 - Q, prefill = F - S1, TTFT = F - A,
+    inference = prefill + decode, and decode = L - F lies within [0, E - F]."""
+    a = root.attributes
+    kids = {}
+    for child in sorted(children, key=lambda c: c.start_time):
+        kids.setdefault(child.name, child)  # the first of each name: a request has one phase span each
+
+    def seconds(start_ns: int, end_ns: int) -> float:
+        return (end_ns - start_ns) / 1e9
+
+    assert a[sc.LLM_LATENCY_E2E] == pytest.approx(seconds(root.start_time, root.end_time), abs=TOLERANCE_S)
+    if sc.LLM_LATENCY_QUEUE in a:  # it was scheduled
+        queue = kids[sc.SPAN_QUEUE]
+        assert a[sc.LLM_LATENCY_QUEUE] == pytest.approx(
+            seconds(queue.start_time, queue.end_time), abs=TOLERANCE_S
+        )
+    first_token = [
+        sc.LLM_LATENCY_PREFILL,
+        sc.LLM_LATENCY_DECODE,
+        sc.LLM_LATENCY_INFERENCE,
+        sc.LLM_LATENCY_TTFT,
+    ]
+    if sc.LLM_LATENCY_TTFT not in a:  # no token came: none of the values a first token defines
+        assert not [key for key in first_token if key in a], dict(a)
+        return
+    assert all(key in a for key in first_token) and sc.LLM_LATENCY_QUEUE in a, dict(a)
+    decode = kids[sc.SPAN_DECODE]  # starts at F
+    prefill = kids.get(sc.SPAN_PREFILL)
+    if prefill is not None:
+        assert prefill.end_time == decode.start_time
+    s1 = prefill.start_time if prefill is not None else decode.start_time  # no prefill span: S1 = F
+    assert a[sc.LLM_LATENCY_PREFILL] == pytest.approx(seconds(s1, decode.start_time), abs=TOLERANCE_S)
+    assert a[sc.LLM_LATENCY_TTFT] == pytest.approx(
+        seconds(root.start_time, decode.start_time), abs=TOLERANCE_S
+    )
+    inference = a[sc.LLM_LATENCY_PREFILL] + a[sc.LLM_LATENCY_DECODE]
+    assert a[sc.LLM_LATENCY_INFERENCE] == pytest.approx(inference, abs=TOLERANCE_S)
+    assert (
+        -TOLERANCE_S <= a[sc.LLM_LATENCY_DECODE] <= seconds(decode.start_time, decode.end_time) + TOLERANCE_S
+    )

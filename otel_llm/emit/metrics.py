@@ -110,6 +110,21 @@ class RequestMetrics:
     this object's lock.
     """
 
+    # One recorder per entry of _LATENCIES, set by name in _setup (each a bucket histogram counted here,
+    # or an SDK instrument where the provider would shape the metric differently).
+    ttft: Latency | InstrumentLatency
+    tpot: Latency | InstrumentLatency
+    duration: Latency | InstrumentLatency
+    queue: Latency | InstrumentLatency
+    prefill: Latency | InstrumentLatency
+    decode: Latency | InstrumentLatency
+    inference: Latency | InstrumentLatency
+    preempted: Latency | InstrumentLatency
+    recompute: Latency | InstrumentLatency
+    step_tokens: Latency | InstrumentLatency
+    kv_transfer: Latency | InstrumentLatency
+    itl: BucketHistogram | InstrumentBulk  # the hot path's inter-token gaps
+
     def __init__(
         self, meter_provider: metrics.MeterProvider | None, base: dict[str, Any], itl_lock: threading.Lock
     ) -> None:
@@ -215,13 +230,13 @@ class RequestMetrics:
         self.step_tokens_recorder = PerStep(self.step_tokens)
         # Failed requests' durations carry error.type: one recorder per distinct value, made on first use.
         failed: dict[str, Any] = getattr(self, "_failed_duration", {})
-        self._failed_duration = {
+        self._failed_duration: dict[str, Latency | InstrumentLatency] = {
             error: latency
             for error, latency in failed.items()
             if isinstance(latency, Latency) and sc.METRIC_REQUEST_DURATION not in instrument_for
         }
         stalled: dict[str, Any] = getattr(self, "_stalled_time", {})
-        self._stalled_time = {
+        self._stalled_time: dict[str, Latency | InstrumentLatency] = {
             cause: latency
             for cause, latency in stalled.items()
             if isinstance(latency, Latency) and sc.METRIC_STALLED not in instrument_for
@@ -305,7 +320,7 @@ class RequestMetrics:
         error_type = rec.error_type
         with self._lock:
             ref = self._exemplar_ref(span, time_ns)
-            if not rec.handed_off:  # request-level values: the instance where the request ends
+            if iv.e2e is not None:  # request-level values: the instance where the request ends
                 (self.duration if error_type is None else self._failed(error_type)).add(iv.e2e, ref)
                 self.requests[reason] = self.requests.get(reason, 0) + 1
             if iv.queue is not None:
@@ -314,6 +329,7 @@ class RequestMetrics:
                 self.prefill.add(iv.prefill, ref)
             if iv.decode is not None:
                 self.decode.add(iv.decode, ref)
+            if iv.inference is not None:  # set together with decode
                 self.inference.add(iv.inference, ref)
             if iv.ttft is not None and not iv.failed:
                 self.ttft.add(iv.ttft, ref)

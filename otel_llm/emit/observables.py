@@ -61,6 +61,7 @@ class _ProviderObservables:
         if refs is None:
             refs = self.observers[name] = []
             meter = provider.get_meter("otel_llm", __version__)
+            create: Callable[..., object]
             if gauge:
                 create = meter.create_observable_gauge
             elif counter:

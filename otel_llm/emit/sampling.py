@@ -41,6 +41,8 @@ from otel_llm import semconv as sc
 from otel_llm.emit.intervals import Intervals
 from otel_llm.record import RequestRecord
 
+__all__ = ["DEFAULT_RATIO", "ENV_E2E_S", "ENV_RATIO", "ENV_TAIL_SAMPLING", "ENV_TTFT_S", "TailSampling"]
+
 ENV_TAIL_SAMPLING = "OTEL_LLM_TAIL_SAMPLING"
 ENV_RATIO = "OTEL_LLM_TAIL_SAMPLING_RATIO"
 ENV_TTFT_S = "OTEL_LLM_TAIL_SAMPLING_TTFT_S"

@@ -276,8 +276,9 @@ def _point(
         sum=snap.sum,
         bucket_counts=snap.counts,
         explicit_bounds=hist.bounds,
-        min=None if empty else snap.min,
-        max=None if empty else snap.max,
+        # None leaves the OTLP fields unset for an empty point; the SDK's type says float only.
+        min=None if empty else snap.min,  # type: ignore[arg-type]
+        max=None if empty else snap.max,  # type: ignore[arg-type]
         exemplars=[
             Exemplar(
                 filtered_attributes=None,

@@ -137,8 +137,8 @@ class SdkSpans:
         self.no_attributes = BoundedAttributes(
             self.max_attributes, None, max_value_len=self.max_attribute_length
         )
-        self.no_events = BoundedList(self.max_events)
-        self.no_links = BoundedList(limits.max_links)
+        self.no_events: BoundedList = BoundedList(self.max_events)
+        self.no_links: BoundedList = BoundedList(limits.max_links)
         self.live_span = sdk_trace._Span  # the SDK's Span refuses to be made but by its tracer's class
         self.sampler = sampler
         self.follow_sampled = _samples_children_of_sampled(sampler)
@@ -376,7 +376,7 @@ class RequestSpans:
                 else Event(name, BoundedAttributes(limit, attributes, max_value_len=length), at)
                 for name, attributes, at in events
             ]
-        bounded = BoundedList(sdk.max_events)
+        bounded: BoundedList = BoundedList(sdk.max_events)
         bounded.extend(
             [
                 Event(name, BoundedAttributes(limit, attributes, max_value_len=length), at)

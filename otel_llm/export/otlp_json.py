@@ -38,6 +38,8 @@ from otel_llm.export.preferences import aggregation_from_env, temporality_from_e
 
 _logger = logging.getLogger(__name__)
 
+__all__ = ["METRICS_FILE", "TRACES_FILE", "OtlpJsonMetricExporter", "OtlpJsonSpanExporter", "to_otlp_json"]
+
 TRACES_FILE = "traces.jsonl"
 METRICS_FILE = "metrics.jsonl"
 

@@ -95,9 +95,9 @@ def make_carrier(
         KEY_ARRIVAL_UNIX_NANO: str(clock.wall_ns(arrival)),
         KEY_TAIL: TAIL_KEEP if kept else TAIL_DROP,
     }
-    clock = monotonic_clock_id()
-    if clock is not None:
-        carrier[KEY_CLOCK] = clock
+    clock_id = monotonic_clock_id()
+    if clock_id is not None:
+        carrier[KEY_CLOCK] = clock_id
     if parent is not None:
         carrier[KEY_PARENT] = format_traceparent(parent.trace_id, parent.span_id, int(parent.trace_flags))
     return carrier

@@ -241,7 +241,9 @@ class InFlight:
         if tl.first_token is None:
             tl.first_token = ts  # F; it is also T_k of any preemption before it
         else:
-            self._itl.add(ts - tl.latest_token(), 1)
+            latest = tl.latest_token()
+            if latest is not None:  # always: F is set, so a tokens event came before this one
+                self._itl.add(ts - latest, 1)
         if tl.preemptions:
             last = tl.preemptions[-1]
             if last.rescheduled is not None and last.recomputed is None:

@@ -68,10 +68,10 @@ def resolve_options(
         base[sc.GEN_AI_REQUEST_MODEL] = model
     if role != sc.ROLE_BOTH:
         base[sc.LLM_ROLE] = role
-    for key, value in (attributes or {}).items():
-        if not isinstance(key, str) or not isinstance(value, (str, int, float, bool)):
-            raise TypeError(f"attributes must map str to str, int, float or bool, got {key!r}: {value!r}")
-        base.setdefault(key, value)  # the tracker's own attributes above keep their values
+    for key, attribute in (attributes or {}).items():
+        if not isinstance(key, str) or not isinstance(attribute, (str, int, float, bool)):
+            raise TypeError(f"attributes must map str to str, int, float or bool, got {key!r}: {attribute!r}")
+        base.setdefault(key, attribute)  # the tracker's own attributes above keep their values
     return TrackerOptions(
         role,
         model,

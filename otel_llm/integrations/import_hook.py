@@ -15,7 +15,12 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the loader protocol, for the type checker only (importlib.abc costs start-up time)
+    from importlib.abc import Loader as _LoaderProtocol
+else:
+    _LoaderProtocol = object
 
 
 class _AfterImport:  # a sys.meta_path finder (importlib.abc is not imported: start-up cost)
@@ -48,7 +53,7 @@ class _AfterImport:  # a sys.meta_path finder (importlib.abc is not imported: st
         return spec
 
 
-class _Loader:  # an importlib loader
+class _Loader(_LoaderProtocol):  # an importlib loader
     def __init__(self, inner: Any, finder: _AfterImport) -> None:
         self.inner = inner
         self.finder = finder

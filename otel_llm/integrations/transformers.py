@@ -36,6 +36,8 @@ from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as ge
 
 from otel_llm import semconv
 
+__all__ = ["TransformersInstrumentor"]
+
 _logger = logging.getLogger(__name__)
 _PROVIDER_NAME = "transformers"
 _logged: set[str] = set()
@@ -162,7 +164,7 @@ def _start(
     """Register the call's requests as queued and scheduled now; None for calls we do not trace."""
     if isinstance(kwargs.get("custom_generate"), str) or kwargs.get("cache_implementation") == "paged":
         return None
-    inputs = args[0] if args else None
+    inputs: Any = args[0] if args else None  # a tensor (or None), probed by its ndim below
     for key in ("inputs", "input_ids", "inputs_embeds", "input_features"):
         if inputs is None:
             inputs = kwargs.get(key)
@@ -176,7 +178,8 @@ def _start(
     # Token ids (batch, seq) or embeddings (batch, seq, hidden); audio features say nothing about tokens.
     embeds = inputs is not None and inputs is kwargs.get("inputs_embeds")
     width = int(inputs.shape[1]) if getattr(inputs, "ndim", 0) == 2 or embeds else None
-    mask = kwargs.get("attention_mask")
+    mask: Any = kwargs.get("attention_mask")
+    prompt: list[int | None]  # None: the prompt's length is unknown (audio features)
     if getattr(mask, "ndim", 0) == 2 and mask.shape[0] == batch:
         prompt = [int(n) for n in mask.sum(dim=1).tolist()]
     else:

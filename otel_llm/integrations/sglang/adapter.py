@@ -38,6 +38,8 @@ from typing import Any
 from otel_llm import semconv as sc
 
 # SGLang's per-process clock for request stamps; on Linux both are CLOCK_MONOTONIC.
+__all__ = ["SGLangAdapter", "finish_reason", "to_monotonic"]
+
 SAME_CLOCK = (
     time.get_clock_info("perf_counter").implementation == time.get_clock_info("monotonic").implementation
 )
@@ -59,13 +61,15 @@ def to_monotonic(perf_ts: float) -> float:
 def finish_reason(req: Any) -> str:
     """Our finish reason for a finished ``Req``: SGLang's OpenAI-style type (stop, length, abort)."""
     reason = getattr(req, "finished_reason", None)
+    if reason is None:
+        return sc.REASON_STOP
     try:
         kind = reason.to_json().get("type")
     except Exception:
         kind = None
     if isinstance(kind, str) and kind:
         return kind
-    return sc.REASON_STOP if reason is None else type(reason).__name__.lower()
+    return type(reason).__name__.lower()
 
 
 class _Live:
