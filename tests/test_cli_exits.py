@@ -127,8 +127,15 @@ def test_demo_exits_within_the_shutdown_budget(kind: str, tmp_path: Path, demo_b
     assert len(summary) == 2, done.stdout
     for line in summary:
         assert " delivered, " in line and (" lost (" in line or "cut off by the shutdown" in line), line
-    if kind == "refusing":  # every export answered 503: the loss says so, not "unreachable"
-        assert all("unavailable" in line for line in summary if " lost (" in line), summary
+    if kind == "refusing":
+        # Every export the collector answered got 503: a loss says "unavailable", never the catch-all
+        # of a connection nobody took. (On a busy machine some spans are still queued at the timeout
+        # instead, and the line says that; either way no answered export is called unreachable.)
+        lost = [line for line in summary if " lost (" in line]
+        assert not any("no collector took the connection" in line for line in lost), summary
+        assert any("unavailable" in line for line in lost) or all("still queued" in line for line in lost), (
+            summary
+        )
 
 
 def test_a_demo_writing_files_says_how_to_send_them_to_a_collector(demo_run: tuple[Any, Path]) -> None:
