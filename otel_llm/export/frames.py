@@ -3,12 +3,14 @@
 A frame is a 4-byte little-endian length and that many bytes (one ``otel_llm.record.wire`` message).
 ``write_frame`` writes a frame whole, on a blocking descriptor (the engine's sender thread, which may
 wait); ``FrameWriter`` never blocks (the export process); reads collect bytes as they come and hand out
-the frames that are complete.
+the frames that are complete; ``readable`` waits for a pipe to have something to read.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import select
 import struct
 import threading
 from collections.abc import Iterator
@@ -105,3 +107,14 @@ class FrameWriter:
                 self.closed = True
                 return
             del self._pending[:written]
+
+
+def readable(fds: list[int], timeout_s: float) -> list[int]:
+    """Those of ``fds`` (-1: none) that can be read now or within ``timeout_s`` seconds (poll: no limit
+    on how high a descriptor may be, unlike select)."""
+    poller = select.poll()
+    for fd in fds:
+        if fd >= 0:
+            poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+    # Whole milliseconds, rounded up: a timeout of 0.4 ms must wait, not return at once and spin.
+    return [fd for fd, _ in poller.poll(max(0, math.ceil(timeout_s * 1000)))]

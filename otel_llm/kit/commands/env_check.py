@@ -17,221 +17,50 @@ otel_llm's own (``OTEL_LLM_*``); ``NOT_READ`` says why each other name of those 
 SDK's variables are not read when ``OTEL_SDK_DISABLED=true`` or when an ``OTEL_CONFIG_FILE`` decides the
 pipeline, so they are not checked then either; the API's (propagators, context) and ours always are.
 Values are parsed as their reader parses them (trimmed and case-folded, or not), so what passes here is
-what the reader takes. ``OTEL_LLM_OUTPUT_DIR`` is checked with ``--output-dir`` (``preflight``).
+what the reader takes. Where the SDK has a parser that refuses a bad value, or a list of the values it
+knows, it is used as is: the samplers, the exporters' compression, the header syntax, the span limits
+and the exemplar filters. What stays here is what the SDK lacks: a refusal where it falls back with a
+warning, the endpoint's URL, and otel_llm's own variables. ``OTEL_LLM_OUTPUT_DIR`` is checked with
+``--output-dir`` (``preflight``). How each value is parsed: ``otel_llm.kit.commands.env_values``.
 """
 
 from __future__ import annotations
 
-import math
 import os
-import re
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from urllib.parse import urlsplit
+
+from opentelemetry import environment_variables as api_env
+from opentelemetry.sdk import environment_variables as sdk_env
 
 from otel_llm.export.channel import ENV_EXPORT_MODE, ENV_QUEUE_SIZE
 from otel_llm.export.channel import MODES as EXPORT_MODES
 from otel_llm.export.quiet import ENV_EXPORTER_LOGS
 from otel_llm.export.quiet import MODES as EXPORTER_LOGS
 from otel_llm.kit.commands._common import usage_error
-
-SDK = "sdk"  # read by the OpenTelemetry SDK's providers and exporters, when the SDK is on
-API = "api"  # read by the OpenTelemetry API when it is imported, whatever the SDK does
-OTEL_LLM = "otel_llm"  # read by otel_llm itself
+from otel_llm.kit.commands.env_values import (
+    API,
+    OTEL_LLM,
+    SDK,
+    Rule,
+    batch_size,
+    boolean,
+    choice,
+    compression,
+    endpoint,
+    entry_points,
+    exemplar_filter,
+    generic_endpoint,
+    grpc_status_codes,
+    headers,
+    key_values,
+    number,
+    readable_file,
+    sampler,
+    span_limit,
+)
 
 SIGNALS = ("traces", "metrics")
-ENV_SDK_DISABLED = "OTEL_SDK_DISABLED"
+ENV_SDK_DISABLED = sdk_env.OTEL_SDK_DISABLED
 ENV_CONFIG_FILE = "OTEL_CONFIG_FILE"
-
-
-class Unusable(ValueError):
-    """A value its reader cannot use: ``why`` (``is not a number``) and, when the rule's hint is not
-    enough, a ``hint`` of its own (the value with its scheme added)."""
-
-    def __init__(self, why: str, hint: str | None = None) -> None:
-        super().__init__(why)
-        self.why = why
-        self.hint = hint
-
-
-Parse = Callable[[str], None]  # raises Unusable for a value that cannot be used
-
-
-@dataclass(frozen=True, slots=True)
-class Rule:
-    names: tuple[str, ...]  # the variables read this way
-    parse: Parse
-    hint: str  # what would work, in a user's words
-    reader: str = SDK
-    empty_ok: bool = True  # whether the reader takes an empty value as unset
-
-    def problem(self, name: str, raw: str) -> str | None:
-        """The one-line complaint about ``name=raw``, or None when the reader can use it."""
-        if not raw.strip():
-            return None if self.empty_ok else f"{name} is set but empty: {self.hint}, or unset it"
-        try:
-            self.parse(raw)
-        except Unusable as exc:
-            return f"{name}={raw!r} {exc.why}: {exc.hint or self.hint}"
-        return None
-
-
-# --- how values are parsed -------------------------------------------------------------------------------
-
-
-def _trimmed_lower(raw: str) -> str:
-    return raw.strip().lower()
-
-
-def _either(values: Sequence[str]) -> str:
-    return values[0] if len(values) == 1 else f"{', '.join(values[:-1])} or {values[-1]}"
-
-
-def choice(*allowed: str, fold: Callable[[str], str] = _trimmed_lower) -> Parse:
-    """One of ``allowed`` once ``fold`` (how the reader normalises it) is applied."""
-
-    def parse(raw: str) -> None:
-        if fold(raw) not in allowed:
-            raise Unusable(f"is not {_either(allowed)}")
-
-    return parse
-
-
-def boolean(fold: Callable[[str], str] = _trimmed_lower) -> Parse:
-    return choice("true", "false", fold=fold)
-
-
-def number(
-    low: float, *, above: bool = False, high: float | None = None, whole: bool = False, infinite: bool = False
-) -> Parse:
-    """A number >= ``low`` (> with ``above``), <= ``high``; ``whole``: an int as ``int()`` reads it;
-    ``infinite``: ``inf`` allowed (the reader takes it as never). NaN never is."""
-
-    def parse(raw: str) -> None:
-        try:
-            value = float(int(raw)) if whole else float(raw)
-        except ValueError:
-            raise Unusable("is not a whole number" if whole else "is not a number") from None
-        if math.isnan(value) or (math.isinf(value) and not infinite):
-            raise Unusable("is not a finite number")
-        if value < low or (above and value == low) or (high is not None and value > high):
-            raise Unusable("is out of range")
-
-    return parse
-
-
-def endpoint(raw: str) -> None:
-    """An OTLP endpoint URL: http:// or https://, a host, a port from 1 to 65535 if any."""
-    if raw != raw.strip():
-        raise Unusable("has spaces around it", "remove them (the exporter sends to the URL as written)")
-    if "://" not in raw:
-        raise Unusable("has no scheme", f"add http:// (or https:// for TLS): 'http://{raw}'")
-    parts = urlsplit(raw)
-    if parts.scheme.lower() not in ("http", "https"):
-        raise Unusable(f"has the scheme {parts.scheme}://", "use http:// (plaintext) or https:// (TLS)")
-    if not parts.hostname:
-        raise Unusable("has no host", "name the collector's host, e.g. http://localhost:4318")
-    try:
-        port = parts.port  # None when the URL names none (the scheme's default)
-    except ValueError:  # not a number, or past 65535
-        port = 0
-    if port == 0:
-        raise Unusable(
-            "has a port that is not 1 to 65535", "pass the collector's port, e.g. http://localhost:4318"
-        )
-
-
-def generic_endpoint(raw: str) -> None:
-    """``endpoint``, and not a signal's URL: the OTLP/HTTP exporter appends ``/v1/<signal>`` itself."""
-    from otel_llm.export import otlp
-
-    endpoint(raw)
-    mistake = otlp.signal_path_mistake(raw)
-    if mistake is not None:
-        why, _, hint = mistake.partition(": ")
-        raise Unusable(why, hint)
-
-
-# RFC 9110 token characters: what an HTTP header name may be made of.
-_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-
-
-def headers(raw: str) -> None:
-    """``name=value`` pairs separated by commas, names HTTP tokens (values may be URL-encoded)."""
-    for item in raw.split(","):
-        if not item.strip():
-            continue
-        name, equals, _ = item.partition("=")
-        if not equals or not _HEADER_NAME.fullmatch(name.strip()):
-            raise Unusable(f"has {item.strip()!r}, not a name=value header")
-
-
-def key_values(raw: str) -> None:
-    """``key=value`` pairs separated by commas, each key non-empty."""
-    for item in raw.split(","):
-        key, equals, _ = item.partition("=")
-        if not equals or not key.strip():
-            raise Unusable(f"has {item.strip()!r}, not a key=value pair")
-
-
-def readable_file(raw: str) -> None:
-    path = os.path.expanduser(raw)
-    if not os.path.isfile(path):
-        raise Unusable("is not a file" if os.path.exists(path) else "does not exist")
-    if not os.access(path, os.R_OK):
-        raise Unusable("cannot be read")
-
-
-def entry_points(group: str, *also: str, many: bool = False) -> Parse:
-    """The name of an installed entry point of ``group`` (or one of ``also``); ``many``: a comma list."""
-
-    def parse(raw: str) -> None:
-        from importlib.metadata import entry_points as installed
-
-        known = set(installed(group=group).names) | set(also)
-        names = [n.strip() for n in raw.split(",")] if many else [raw.strip()]
-        for name in names:
-            if name and name not in known:
-                listed = ", ".join(sorted(known)) or "none installed"
-                raise Unusable(f"names {name!r}, which is not installed", f"use one of: {listed}")
-
-    return parse
-
-
-def grpc_status_codes(raw: str) -> None:
-    """gRPC status code names separated by commas (``UNAVAILABLE,DEADLINE_EXCEEDED``)."""
-    from grpc import StatusCode
-
-    for name in raw.split(","):
-        if name.strip() and name.strip().upper() not in StatusCode.__members__:
-            raise Unusable(f"names {name.strip()!r}, not a gRPC status code")
-
-
-def compression(signals: Sequence[str]) -> Parse:
-    """What the signals' exporters take: gzip, deflate or none over HTTP; only gzip over gRPC (this SDK's
-    gRPC exporter raises on none and deflate)."""
-
-    def parse(raw: str) -> None:
-        from otel_llm.export import otlp
-
-        value = raw.strip().lower()
-        grpc = [s for s in signals if otlp.protocol(s) == otlp.PROTOCOL_GRPC]  # type: ignore[arg-type]
-        if grpc and value != "gzip":
-            raise Unusable(
-                f"is not gzip, the only compression the gRPC exporter ({', '.join(grpc)}) takes",
-                "set gzip, or unset it for none",
-            )
-        if value not in ("gzip", "deflate", "none"):
-            raise Unusable("is not gzip, deflate or none")
-
-    return parse
-
-
-def batch_size(raw: str) -> None:
-    number(1, whole=True)(raw)
-    queue = os.environ.get("OTEL_BSP_MAX_QUEUE_SIZE", "").strip() or "2048"
-    if queue.isdigit() and int(raw) > int(queue):
-        raise Unusable(f"is more than the queue holds (OTEL_BSP_MAX_QUEUE_SIZE: {queue})")
 
 
 # --- the table -------------------------------------------------------------------------------------------
@@ -271,9 +100,9 @@ def _exporter_rules() -> list[Rule]:
             headers,
             "pass name=value pairs separated by commas, values URL-encoded (api-key=abc%20123)",
         ),
-        Rule((generic,), compression(SIGNALS), "set gzip or none", empty_ok=False),
-        Rule((traces,), compression(("traces",)), "set gzip or none", empty_ok=False),
-        Rule((metrics,), compression(("metrics",)), "set gzip or none", empty_ok=False),
+        Rule((generic,), compression(generic, SIGNALS), "set gzip or none", empty_ok=False),
+        Rule((traces,), compression(traces, ("traces",)), "set gzip or none", empty_ok=False),
+        Rule((metrics,), compression(metrics, ("metrics",)), "set gzip or none", empty_ok=False),
         Rule(
             _per_signal("TIMEOUT"),
             number(0, above=True),
@@ -306,112 +135,103 @@ def _exporter_rules() -> list[Rule]:
             "pass gRPC status code names separated by commas, e.g. UNAVAILABLE,DEADLINE_EXCEEDED",
         ),
         Rule(
-            ("OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER"),
+            (api_env.OTEL_TRACES_EXPORTER, api_env.OTEL_METRICS_EXPORTER),
             choice("otlp", "file", "none"),
             "set otlp (the default: OTLP when an endpoint is set, else OTLP JSON files), file or none",
         ),
     ]
 
 
-_SAMPLERS = (
-    "always_on",
-    "always_off",
-    "traceidratio",
-    "parentbased_always_on",
-    "parentbased_always_off",
-    "parentbased_traceidratio",
-)
 _LIMITS = (
-    "OTEL_ATTRIBUTE_COUNT_LIMIT",
-    "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT",
-    "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT",
-    "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT",
-    "OTEL_SPAN_EVENT_COUNT_LIMIT",
-    "OTEL_SPAN_LINK_COUNT_LIMIT",
-    "OTEL_EVENT_ATTRIBUTE_COUNT_LIMIT",
-    "OTEL_LINK_ATTRIBUTE_COUNT_LIMIT",
+    sdk_env.OTEL_ATTRIBUTE_COUNT_LIMIT,
+    sdk_env.OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT,
+    sdk_env.OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT,
+    sdk_env.OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT,
+    sdk_env.OTEL_SPAN_EVENT_COUNT_LIMIT,
+    sdk_env.OTEL_SPAN_LINK_COUNT_LIMIT,
+    sdk_env.OTEL_EVENT_ATTRIBUTE_COUNT_LIMIT,
+    sdk_env.OTEL_LINK_ATTRIBUTE_COUNT_LIMIT,
 )
 
 
 def _sdk_rules() -> list[Rule]:
     return [
         Rule(
-            ("OTEL_TRACES_SAMPLER",),
-            choice(*_SAMPLERS, fold=str.lower),  # the SDK lower-cases, and does not trim
+            (sdk_env.OTEL_TRACES_SAMPLER,),
+            sampler,
             "set one of those, or unset it for parentbased_always_on",
             empty_ok=False,
         ),
         Rule(
-            ("OTEL_TRACES_SAMPLER_ARG",),
+            (sdk_env.OTEL_TRACES_SAMPLER_ARG,),
             number(0, high=1),
             "pass the share of traces traceidratio keeps, from 0 to 1, e.g. 0.1",
         ),
         Rule(
-            ("OTEL_METRIC_EXPORT_INTERVAL",),
+            (sdk_env.OTEL_METRIC_EXPORT_INTERVAL,),
             number(0, above=True, infinite=True),
             "pass the milliseconds between metric exports, e.g. 60000 (the default)",
             empty_ok=False,
         ),
         Rule(
-            ("OTEL_METRIC_EXPORT_TIMEOUT",),
+            (sdk_env.OTEL_METRIC_EXPORT_TIMEOUT,),
             number(0, above=True, infinite=True),
             "pass the milliseconds one metric export may take, e.g. 30000 (the default)",
             empty_ok=False,
         ),
         Rule(
-            ("OTEL_BSP_MAX_QUEUE_SIZE",),
+            (sdk_env.OTEL_BSP_MAX_QUEUE_SIZE,),
             number(1, whole=True),
             "pass how many spans may wait for export, a whole number from 1, e.g. 2048 (the default)",
             empty_ok=False,
         ),
         Rule(
-            ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE",),
+            (sdk_env.OTEL_BSP_MAX_EXPORT_BATCH_SIZE,),
             batch_size,
             "pass how many spans one export sends, from 1 to OTEL_BSP_MAX_QUEUE_SIZE, e.g. 512 (the default)",
             empty_ok=False,
         ),
         Rule(
-            ("OTEL_BSP_SCHEDULE_DELAY",),
+            (sdk_env.OTEL_BSP_SCHEDULE_DELAY,),
             number(1, whole=True),
             "pass the milliseconds between span exports, a whole number from 1, e.g. 5000 (the default)",
             empty_ok=False,
         ),
         Rule(
-            ("OTEL_BSP_EXPORT_TIMEOUT",),
+            (sdk_env.OTEL_BSP_EXPORT_TIMEOUT,),
             number(0, whole=True),
             "pass the milliseconds one span export may take, a whole number, e.g. 30000 (the default)",
             empty_ok=False,
         ),
         Rule(
-            ("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE",),
+            (sdk_env.OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE,),
             choice("cumulative", "delta", "lowmemory"),
             "set one of those, or unset it for cumulative",
             empty_ok=False,
         ),
         Rule(
-            ("OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION",),
+            (sdk_env.OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION,),
             choice("explicit_bucket_histogram", "base2_exponential_bucket_histogram"),
             "set one of those, or unset it for explicit_bucket_histogram",
             empty_ok=False,
         ),
         Rule(
-            ("OTEL_METRICS_EXEMPLAR_FILTER",),
-            choice("trace_based", "always_on", "always_off", fold=lambda v: v),  # the SDK compares as is
+            (sdk_env.OTEL_METRICS_EXEMPLAR_FILTER,),
+            exemplar_filter,
             "set one of those, in lower case, or unset it for trace_based",
             empty_ok=False,
         ),
-        Rule(
-            _LIMITS,
-            number(0, whole=True),
-            "pass a whole number from 0, or leave it empty for no limit",
+        *(
+            Rule((name,), span_limit(name), "pass a whole number from 0, or leave it empty for no limit")
+            for name in _LIMITS
         ),
         Rule(
-            ("OTEL_RESOURCE_ATTRIBUTES",),
+            (sdk_env.OTEL_RESOURCE_ATTRIBUTES,),
             key_values,
             "pass key=value pairs separated by commas, e.g. deployment.environment=prod,team=llm",
         ),
         Rule(
-            ("OTEL_EXPERIMENTAL_RESOURCE_DETECTORS",),
+            (sdk_env.OTEL_EXPERIMENTAL_RESOURCE_DETECTORS,),
             entry_points("opentelemetry_resource_detector", "*", many=True),
             "name installed resource detectors, separated by commas",
         ),
@@ -427,13 +247,13 @@ def _sdk_rules() -> list[Rule]:
 def _api_rules() -> list[Rule]:
     return [
         Rule(
-            ("OTEL_PROPAGATORS",),
+            (api_env.OTEL_PROPAGATORS,),
             entry_points("opentelemetry_propagator", "none", many=True),
             "name installed propagators separated by commas (the default: tracecontext,baggage), or none",
             reader=API,
         ),
         Rule(
-            ("OTEL_PYTHON_CONTEXT",),
+            (api_env.OTEL_PYTHON_CONTEXT,),
             entry_points("opentelemetry_context"),
             "name an installed context implementation, or unset it for contextvars_context",
             reader=API,
@@ -529,6 +349,7 @@ NOT_READ: dict[str, str] = {
     "OTEL_PYTHON_EXPORTER_OTLP_HTTP_LOGS_": "the OTLP logs exporter: no logs pipeline",
     "OTEL_PYTHON_EXPORTER_OTLP_GRPC_LOGS_": "the OTLP logs exporter: no logs pipeline",
     "OTEL_EXPORTER_ZIPKIN_": "configure() exports OTLP or files, never Zipkin",
+    "OTEL_EXPORTER_JAEGER_": "configure() exports OTLP or files, never Jaeger (older SDKs list it)",
     "OTEL_EXPORTER_PROMETHEUS_": "configure() exports OTLP or files, never a Prometheus endpoint",
     "OTEL_PYTHON_TRACER_CONFIGURATOR": "read by opentelemetry-instrument's auto-configuration only",
     "OTEL_PYTHON_METER_CONFIGURATOR": "read by opentelemetry-instrument's auto-configuration only",
@@ -537,6 +358,7 @@ NOT_READ: dict[str, str] = {
     "OTEL_PYTHON_TRACER_PROVIDER": "the global provider's fallback; the CLI's providers are its own",
     "OTEL_PYTHON_METER_PROVIDER": "the global provider's fallback; the CLI's providers are its own",
     "OTEL_PYTHON_LOGGER_PROVIDER": "no logs pipeline",
+    "OTEL_PYTHON_EVENT_LOGGER_PROVIDER": "no logs pipeline (older SDKs list it)",
     "OTEL_PYTHON_LOGGING_AUTO_INSTRUMENTATION_ENABLED": "read by opentelemetry-instrument only (logs)",
     "OTEL_LOG_LEVEL": "the Python SDK does not read it (Python's logging decides)",
     "OTEL_SERVICE_NAME": "any text is a service name",
