@@ -174,20 +174,21 @@ def test_a_stopped_export_process_never_blocks_the_hooks(process_env, started) -
     telemetry = configure(set_global=False, shutdown_timeout_s=10)
     started.append(telemetry)
     tracker = tracker_on(telemetry)
-    calm = on_thread(lambda: engine_loop(tracker, "warm", 300))
+    on_thread(lambda: engine_loop(tracker, "warm", 300))
     assert telemetry.force_flush(timeout_s=30)
     assert wait_for(lambda: len(started_since(others)) == 1)
     (child,) = started_since(others)
     os.kill(child, signal.SIGSTOP)
     try:
         # The export process reads nothing: its pipe fills, the sender waits on it, the queue fills.
-        stuck = on_thread(lambda: engine_loop(tracker, "stuck", 3000))
+        # The child stays stopped until every hook call has returned, so a hook that waited on the
+        # pipe or the queue would never return: on_thread fails at its deadline. (No speed is compared:
+        # on a busy machine a ratio of two timings fails by accident.)
+        on_thread(lambda: engine_loop(tracker, "stuck", 3000))
         lost = telemetry.delivery("requests")[1]
         assert lost.get("queue_full", 0) > 0
     finally:
         os.kill(child, signal.SIGCONT)
-    # The hooks kept their pace while nothing was exported (ten times as many requests, a generous bound).
-    assert stuck < 30 * calm
     assert telemetry.force_flush(timeout_s=30)
     assert wait_for(lambda: len(roots(receiver)) + telemetry.delivery("requests")[1]["queue_full"] == 3300)
     assert telemetry.delivery("requests")[1] == {
