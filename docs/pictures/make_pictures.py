@@ -1,7 +1,7 @@
 """Draw the pictures of the documentation from what the code produces today.
 
 ``python docs/pictures/make_pictures.py [OUT_DIR]`` runs ``otel-llm demo`` into a temporary folder and
-draws two pictures of it into OUT_DIR (default: this folder):
+draws pictures of it into OUT_DIR (default: this folder):
 
 - ``waterfall.svg``: what ``otel-llm view`` prints for the run. The viewer's own code picks the request
   (the most preempted one) and draws every line; only its last step, printing the lines with rich,
@@ -13,6 +13,11 @@ draws two pictures of it into OUT_DIR (default: this folder):
   Phoenix (``bash tests/phoenix/make_env.sh`` builds ``.venv-phoenix``; or ``OTEL_LLM_PHOENIX``, the
   path of a ``phoenix`` command) and Debian's chromium (``apt-get install chromium``; or
   ``OTEL_LLM_CHROMIUM``). Without them this picture is left as it is, and the script says so.
+- ``fleet-trace.png``: in the same Phoenix, one request's trace through vllm-router and a ``vllm serve``
+  instance, replayed from ``fleet-trace/traces.jsonl``: a trace a run of ``tests/router`` read back from
+  Jaeger (the fleet, two engines and a router, is more than this script starts). That tier checks the
+  stored trace has the shape of a fresh one, and ``OTEL_LLM_FLEET_TRACE=docs/pictures/fleet-trace``
+  makes it write a fresh one there.
 """
 
 from __future__ import annotations
@@ -53,6 +58,10 @@ CHROMIUM_FLAGS = (
 )
 WINDOW = (1400, 900)  # the screenshot's size in pixels
 RENDER_BUDGET_MS = 15_000  # Chromium's virtual time for Phoenix's page to load its data and draw it
+# One request's trace through vllm-router and a `vllm serve` instance, as Jaeger stored it in a run of
+# tests/router (OTLP/JSON, the form otel-llm's files take); that tier checks it has the shape of a fresh
+# one, and sets OTEL_LLM_FLEET_TRACE to write a fresh one here.
+FLEET_TRACE = HERE / "fleet-trace"
 PHOENIX_START_S = 180.0  # Phoenix migrates a new database at its first start: tens of seconds on 2 cores
 
 
@@ -228,14 +237,35 @@ def chromium(page: str, *action: str, chromium: str = CHROMIUM) -> str:
     return done.stdout
 
 
-def phoenix_picture(run: Path, trace_id: str, target: Path) -> str:
-    """Write the PNG of Phoenix's page for ``trace_id`` after replaying ``run`` into a new Phoenix; the
-    page's DOM as Chromium rendered it (what the picture shows, as text)."""
+def phoenix_pictures(shots: Sequence[tuple[Path, str, Path]]) -> list[str]:
+    """For each (run folder, trace id, target PNG): replay the run into one new Phoenix and write the PNG
+    of Phoenix's page for the trace; each page's DOM as Chromium rendered it (what it shows, as text)."""
+    doms = []
     with tempfile.TemporaryDirectory(prefix="otel-llm-phoenix-") as work, phoenix_server(Path(work)) as url:
-        replay(run, url)
-        page = f"{url}/projects/{project_holding(url, trace_id)}/traces/{trace_id}"
-        chromium(page, f"--screenshot={target}")
-        return chromium(page, "--dump-dom")
+        for run, trace_id, target in shots:
+            replay(run, url)
+            page = f"{url}/projects/{project_holding(url, trace_id)}/traces/{trace_id}"
+            chromium(page, f"--screenshot={target}")
+            doms.append(chromium(page, "--dump-dom"))
+    return doms
+
+
+def phoenix_picture(run: Path, trace_id: str, target: Path) -> str:
+    """``phoenix_pictures`` of one trace."""
+    return phoenix_pictures([(run, trace_id, target)])[0]
+
+
+def fleet_trace_id(folder: Path = FLEET_TRACE) -> str:
+    """The id of the one trace stored in ``folder``'s traces.jsonl."""
+    ids = {
+        span["traceId"]
+        for line in (folder / "traces.jsonl").read_text().splitlines()
+        for rs in json.loads(line)["resourceSpans"]
+        for ss in rs["scopeSpans"]
+        for span in ss["spans"]
+    }
+    assert len(ids) == 1, ids
+    return ids.pop()
 
 
 def make(out_dir: Path = HERE) -> list[Path]:
@@ -250,11 +280,14 @@ def make(out_dir: Path = HERE) -> list[Path]:
         written.append(target)
         missing = phoenix_can_run()
         if missing:
-            print(f"phoenix-trace.png left as it is: {missing}", file=sys.stderr)
+            print(f"phoenix-trace.png and fleet-trace.png left as they are: {missing}", file=sys.stderr)
         else:
-            target = out_dir / "phoenix-trace.png"
-            phoenix_picture(run, shown_trace(printed), target)
-            written.append(target)
+            shots = [
+                (run, shown_trace(printed), out_dir / "phoenix-trace.png"),
+                (FLEET_TRACE, fleet_trace_id(), out_dir / "fleet-trace.png"),
+            ]
+            phoenix_pictures(shots)
+            written += [target for _, _, target in shots]
     return written
 
 

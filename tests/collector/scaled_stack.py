@@ -74,7 +74,9 @@ def what_changed(shipped: dict[str, Any], run: dict[str, Any]) -> set[str]:
 class ScaledStack:
     """Prometheus, two gateways, two agents; ``stop()`` ends them in reverse order."""
 
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, trace_stores: list[str] | None = None) -> None:
+        """``trace_stores``: the two gateways' ``TEMPO_OTLP_ENDPOINT`` (``host:port``, OTLP/gRPC); by
+        default a real OTLP receiver of the tests for each (``stores``)."""
         self.work = work
         self.procs: list[Proc] = []
         self.prometheus_port = free_port()
@@ -91,20 +93,21 @@ class ScaledStack:
             ],
         )
         self.prometheus.wait_ready(f"{self.prometheus_url}/-/ready")
-        self.stores = [GrpcReceiver(), GrpcReceiver()]
+        self.stores = [] if trace_stores else [GrpcReceiver(), GrpcReceiver()]
         for store in self.stores:
             store.start()
+        trace_stores = trace_stores or [f"127.0.0.1:{store.port}" for store in self.stores]
         self.gateway_ports: list[int] = []
         self.gateways: list[Proc] = []
         self._gateway_runs: list[tuple[Path, dict[str, str]]] = []  # config file, environment
         self._starts = 0
-        for index, store in enumerate(self.stores):
+        for index, store in enumerate(trace_stores):
             grpc, http = free_port(), free_port()
             path = work / f"gateway-{index}.yaml"
             source = SCALED / "gateway.yaml"
             path.write_text(loopback_listeners(source.read_text(), source, grpc, http))
             env = {
-                "TEMPO_OTLP_ENDPOINT": f"127.0.0.1:{store.port}",
+                "TEMPO_OTLP_ENDPOINT": store,
                 "PROMETHEUS_REMOTE_WRITE_URL": f"{self.prometheus_url}/api/v1/write",
                 "HOSTNAME": f"gateway-{index}",
             }

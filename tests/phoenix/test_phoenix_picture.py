@@ -6,7 +6,8 @@ screenshot of Phoenix's page for the request the demo's waterfall shows, with he
 it does that again: the PNG must be a whole picture of the window's size with something drawn in it,
 and the page Chromium rendered (its DOM) must show that trace's id and every span of the trace, as
 many times as the trace has them. The picture in the repository must be such a PNG too, and the README
-must show it.
+must show it. The same holds for the picture of a trace through vllm-router (``fleet-trace.png``), drawn
+in the same Phoenix from the trace stored beside it, which tests/router keeps the shape of a fresh one.
 
 Phoenix comes from ``.venv-phoenix`` (``bash tests/phoenix/make_env.sh``; ``OTEL_LLM_PHOENIX``) and
 Chromium from Debian's package (``apt-get install chromium``; ``OTEL_LLM_CHROMIUM``): without them these
@@ -28,6 +29,7 @@ missing = pictures.phoenix_can_run()
 pytestmark = pytest.mark.skipif(missing is not None, reason=str(missing))
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+FLEET = PICTURES / "fleet-trace"  # one stored trace through vllm-router (docs/pictures/make_pictures.py)
 
 
 def png_chunks(data: bytes) -> list[tuple[bytes, bytes]]:
@@ -63,14 +65,26 @@ def assert_a_drawn_window(data: bytes) -> None:
 
 
 @pytest.fixture(scope="module")
-def taken(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, list[str]], str, bytes, str]:
-    """A fresh demo run's spans by trace, the trace its waterfall shows, and Phoenix's page of that trace:
-    the screenshot's bytes and the rendered DOM."""
+def both(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict[str, list[str]], str, bytes, str]]:
+    """In one Phoenix: a fresh demo run's trace that its waterfall shows (``demo``), and the stored trace
+    through vllm-router (``fleet``); for each, the run's spans by trace, the trace's id, and Phoenix's
+    page of it: the screenshot's bytes and the rendered DOM."""
     run, printed = pictures.run_demo(tmp_path_factory.mktemp("demo"))
-    trace_id = pictures.shown_trace(printed)
-    target = tmp_path_factory.mktemp("picture") / "phoenix-trace.png"
-    dom = pictures.phoenix_picture(run, trace_id, target)
-    return spans_by_trace(run), trace_id, target.read_bytes(), dom
+    folder = tmp_path_factory.mktemp("picture")
+    runs = {"demo": (run, pictures.shown_trace(printed)), "fleet": (FLEET, pictures.fleet_trace_id())}
+    shots = [(run, trace_id, folder / f"{name}.png") for name, (run, trace_id) in runs.items()]
+    doms = pictures.phoenix_pictures(shots)
+    return {
+        name: (spans_by_trace(run), trace_id, target.read_bytes(), dom)
+        for (name, (run, trace_id)), (_, _, target), dom in zip(runs.items(), shots, doms)
+    }
+
+
+@pytest.fixture(scope="module")
+def taken(
+    both: dict[str, tuple[dict[str, list[str]], str, bytes, str]],
+) -> tuple[dict[str, list[str]], str, bytes, str]:
+    return both["demo"]
 
 
 def test_the_screenshot_is_a_drawn_window(taken: tuple[dict[str, list[str]], str, bytes, str]) -> None:
@@ -93,3 +107,23 @@ def test_phoenix_shows_the_trace_with_every_span(taken: tuple[dict[str, list[str
 def test_the_picture_in_the_repository_is_such_a_screenshot_and_the_readme_shows_it() -> None:
     assert_a_drawn_window((PICTURES / "phoenix-trace.png").read_bytes())
     assert "](docs/pictures/phoenix-trace.png)" in (ROOT / "README.md").read_text()
+
+
+def test_phoenix_shows_the_fleet_trace_with_the_router_and_engine_spans(
+    both: dict[str, tuple[dict[str, list[str]], str, bytes, str]],
+) -> None:
+    spans, trace_id, picture, dom = both["fleet"]
+    assert_a_drawn_window(picture)
+    assert trace_id in dom, "Phoenix's page does not show the trace's id"
+    wanted = Counter(spans[trace_id])
+    assert wanted["POST /v1/completions"] == 2 and wanted["llm.request"] == 1, (
+        wanted
+    )  # router: server, client
+    shown = Counter(re.findall(r">((?:llm\.[a-z_]+)|(?:POST /v1/completions))<", dom))
+    for name, count in wanted.items():
+        assert shown[name] >= (1 if name in ("llm.request", "POST /v1/completions") else count), (name, shown)
+
+
+def test_the_fleet_picture_in_the_repository_is_such_a_screenshot_and_the_fleet_page_shows_it() -> None:
+    assert_a_drawn_window((PICTURES / "fleet-trace.png").read_bytes())
+    assert "](pictures/fleet-trace.png)" in (ROOT / "docs" / "fleet.md").read_text()
