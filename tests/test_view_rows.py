@@ -204,3 +204,17 @@ def test_a_start_nanoseconds_after_the_requests_reads_0() -> None:
     rows = {line.split()[0]: line.split()[1:3] for line in text if line.startswith(" ")}
     assert rows[sc.SPAN_INSTANCE_PREFILL][0] == "0", rows  # not "0.011 µs"
     assert rows[sc.SPAN_QUEUE][:2] == ["2", "ms"], rows  # a real start keeps its figure
+
+
+def test_a_stall_in_words_counts_its_steps_in_good_english() -> None:
+    """ "nothing in the 1 steps in the gap" read as a bug to a new user: one step is "the one step"."""
+    from otel_llm import semconv as sc
+    from otel_llm.kit.waterfall_render import stall_words
+
+    def words(steps: int, cause: str = sc.STALL_UNKNOWN) -> str:
+        attrs = {sc.LLM_STALL_TOKEN: 4, sc.LLM_STALL_CAUSE: cause, sc.LLM_STALL_DURATION: 0.004}
+        return stall_words({**attrs, sc.LLM_STALL_STEPS: steps})
+
+    assert words(1).endswith("nothing in the one step in the gap explains it")
+    assert words(3).endswith("nothing in the 3 steps in the gap explains it")
+    assert words(1, sc.STALL_SKIPPED).endswith("(the one step in the gap)")

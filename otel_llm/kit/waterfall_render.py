@@ -192,11 +192,12 @@ def stall_words(attrs: dict[str, object]) -> str:
         named = ", ".join(f"{rid} {n:,}" for rid, n in zip(names, counts))
         amount = f"{tokens:,}" if isinstance(tokens, int) else "?"
         return f"{text}: {who} {verb} {amount} tokens {in_steps} ({named})"
+    in_gap = "the one step in the gap" if steps == 1 else f"the {steps} steps in the gap"
     return text + {
         sc.STALL_PREEMPTION: ": it was preempted",
         sc.STALL_IDLE: ": the engine ran no step for most of it",
-        sc.STALL_SKIPPED: f": the engine ran steps without it ({steps} steps in the gap)",
-    }.get(str(cause), f": nothing in the {steps} steps in the gap explains it")
+        sc.STALL_SKIPPED: f": the engine ran steps without it ({in_gap})",
+    }.get(str(cause), f": nothing in {in_gap} explains it")
 
 
 def _merged(cells: list[Segment]) -> Line:
