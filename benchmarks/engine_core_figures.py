@@ -28,8 +28,10 @@ from types import SimpleNamespace
 from typing import Any
 
 from benchmarks.timing import compare
+from otel_llm.integrations.faults import Faults
+from otel_llm.integrations.vllm.engine_core import read_each_step
 from otel_llm.integrations.vllm.engine_core_figures import EngineCoreFigures, FrontendFigures
-from otel_llm.integrations.vllm.instrumentor import VLLMInstrumentor, _note_reschedulings
+from otel_llm.integrations.vllm.state import IntegrationState, log
 
 STEPS = 2000  # schedule() calls per round
 QUICK_STEPS = 200  # with --quick: the numbers mean little, the paths all run
@@ -69,11 +71,10 @@ def scheduler_and_outputs(resumed: int) -> tuple[Any, Any]:
 def measure(quick: bool = False) -> dict[str, Any]:
     """The wrapper's CPU per step, bare and with otel_llm, for steps re-admitting 0, 1 and 4 requests."""
     receiver = FrontendFigures(os.getpid(), 0)
-    sender = EngineCoreFigures()
+    # An engine core's instrumentation: no frontend (no adapter) in this process.
+    state = IntegrationState(None, {}, Faults("vllm", "vLLM", log, lambda: "benchmark"))
+    sender = state.engine_core_figures = EngineCoreFigures()
     sender._parent = os.getpid()  # this process stands in for the frontend
-    saved = VLLMInstrumentor._engine_core_figures, VLLMInstrumentor._adapters
-    VLLMInstrumentor._engine_core_figures = sender
-    VLLMInstrumentor._adapters = type(saved[1])()  # an engine core: no frontend in this process
     try:
         variants = {}
         for resumed in (0, 1, 4):
@@ -82,7 +83,7 @@ def measure(quick: bool = False) -> dict[str, Any]:
             def bare(self: Any, output: Any = output) -> Any:
                 return output
 
-            wrapped = _note_reschedulings(bare)
+            wrapped = read_each_step(state, bare)
             steps = QUICK_STEPS if quick else STEPS
             variants[("bare", resumed)] = _round(bare, scheduler, receiver, sender, set(), steps)
             variants[("figures", resumed)] = _round(wrapped, scheduler, receiver, sender, set(), steps)
@@ -94,7 +95,6 @@ def measure(quick: bool = False) -> dict[str, Any]:
             variants[("read", what)] = _reading(receiver, sender, what, line, steps)
         timings = compare({f"{k[0]}-{k[1]}": v for k, v in variants.items()}, 3 if quick else ROUNDS)
     finally:
-        VLLMInstrumentor._engine_core_figures, VLLMInstrumentor._adapters = saved
         receiver.close()
     rows = []
     for resumed in (0, 1, 4):

@@ -77,6 +77,9 @@ LLM_REQUEST_STATE = "llm.request.state"
 # On the phase span (and the preemption span) a request was in when it was aborted or failed: true.
 LLM_CUT_SHORT = "llm.cut_short"
 LLM_ANOMALY_KIND = "kind"
+# otel_llm.integration.errors: which engine integration failed, and where (a method of the engine or a step).
+LLM_INTEGRATION_ENGINE = "engine"
+LLM_INTEGRATION_SITE = "site"
 EXPORT_DROP_REASON = "reason"  # on the otel_llm.export.*.dropped self-metrics
 
 # On llm.engine.step spans (detail level "steps") and llm.request.
@@ -214,6 +217,8 @@ METRIC_DROPPED_POINTS = "otel_llm.export.metric_points.dropped"
 METRIC_DROPPED_RECORDS = "otel_llm.export.records.dropped"  # finished requests lost before the export process
 METRIC_QUEUE_DEPTH = "otel_llm.export.queue.depth"
 METRIC_SAMPLING_DECISIONS = "otel_llm.sampling.decisions"  # tail sampling at finished(), by decision / reason
+# An engine integration's own failures inside the engine, by engine and site (otel_llm.integrations.faults)
+METRIC_INTEGRATION_ERRORS = "otel_llm.integration.errors"
 
 UNIT_SECONDS = "s"
 UNIT_PREEMPTION = "{preemption}"
@@ -222,6 +227,7 @@ UNIT_TOKEN = "{token}"
 UNIT_ANOMALY = "{anomaly}"
 UNIT_RATIO = "1"
 UNIT_DECISION = "{decision}"
+UNIT_ERROR = "{error}"
 UNIT_BYTES = "By"
 
 # Explicit bucket boundaries, seconds. Each list starts with the GenAI semantic conventions' advice where
@@ -253,3 +259,6 @@ BUCKETS_PHASE = (
     0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
     60.0, 120.0, 300.0, 600.0, 1200.0, 2400.0,
 )  # fmt: skip
+
+# Every constant above: the module is a list of names, and each of them is public.
+__all__ = sorted(name for name in dict(globals()) if name.isupper())

@@ -168,11 +168,11 @@ def instrumentor(make_harness: Any) -> Any:
 
 
 def test_the_instrumentor_builds_one_tracker_per_role(instrumentor: Any) -> None:
-    both = VLLMInstrumentor._tracker_for("m", "chat")
-    pre = VLLMInstrumentor._tracker_for("m", "chat", sc.ROLE_PREFILL)
-    dec = VLLMInstrumentor._tracker_for("m", "chat", sc.ROLE_DECODE)
+    both = VLLMInstrumentor.state().tracker_for("m", "chat")
+    pre = VLLMInstrumentor.state().tracker_for("m", "chat", sc.ROLE_PREFILL)
+    dec = VLLMInstrumentor.state().tracker_for("m", "chat", sc.ROLE_DECODE)
     assert (both.role, pre.role, dec.role) == (sc.ROLE_BOTH, sc.ROLE_PREFILL, sc.ROLE_DECODE)
-    assert VLLMInstrumentor._tracker_for("m", "chat", sc.ROLE_PREFILL) is pre
+    assert VLLMInstrumentor.state().tracker_for("m", "chat", sc.ROLE_PREFILL) is pre
 
 
 def test_connector_keys_are_never_replaced() -> None:
@@ -188,7 +188,7 @@ def test_a_given_tracker_of_another_role_warns_once(make_harness: Any, caplog: A
     try:
         with caplog.at_level("WARNING", logger="otel_llm"):
             for _ in range(3):
-                assert VLLMInstrumentor._tracker_for("m", "chat", sc.ROLE_PREFILL) is h.tracker
+                assert VLLMInstrumentor.state().tracker_for("m", "chat", sc.ROLE_PREFILL) is h.tracker
         assert len([r for r in caplog.records if "role" in r.getMessage()]) == 1
     finally:
         inst.uninstrument()

@@ -21,7 +21,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from otel_llm import RequestTracker
 from otel_llm import semconv as sc
 from otel_llm.integrations import patching
-from otel_llm.integrations.vllm import instrumentor
+from otel_llm.integrations.vllm import api_server as serving
+from otel_llm.integrations.vllm import providers
 from otel_llm.integrations.vllm.adapter import VLLMAdapter
 
 CALLER = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -68,8 +69,8 @@ def said(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> p
     """What the API server's start logs (``.messages``), each warning heard afresh."""
     monkeypatch.setattr(patching, "_warned", set())
     monkeypatch.delenv("OTEL_LLM_SHUTDOWN_TIMEOUT", raising=False)
-    monkeypatch.delenv(instrumentor.ENV_CONFIGURE, raising=False)
-    caplog.set_level(logging.WARNING, logger=instrumentor.__name__)
+    monkeypatch.delenv(providers.ENV_CONFIGURE, raising=False)
+    caplog.set_level(logging.WARNING, logger=serving.log.name)
     return caplog
 
 
@@ -84,7 +85,7 @@ def about_shutdown(messages: list[str]) -> list[str]:
 def test_several_api_servers_with_vllms_default_shutdown_timeout_are_told_the_one_that_keeps_telemetry(
     said: pytest.LogCaptureFixture,
 ) -> None:
-    instrumentor._warn_of_several_api_servers(api_server(2, 0))
+    serving.warn_of_several_api_servers(api_server(2, 0))
     (line,) = about_shutdown(said.messages)
     assert "kills its API servers 0 s after SIGTERM" in line and line.endswith("pass --shutdown-timeout 6")
 
@@ -92,12 +93,12 @@ def test_several_api_servers_with_vllms_default_shutdown_timeout_are_told_the_on
 def test_a_shutdown_timeout_that_covers_the_budget_is_not_warned_of(
     said: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    instrumentor._warn_of_several_api_servers(api_server(2, 6))
+    serving.warn_of_several_api_servers(api_server(2, 6))
     monkeypatch.setenv("OTEL_LLM_SHUTDOWN_TIMEOUT", "2")
-    instrumentor._warn_of_several_api_servers(api_server(2, 3))
-    instrumentor._warn_of_several_api_servers(api_server(1, 0))  # one API server: vLLM does not kill it
+    serving.warn_of_several_api_servers(api_server(2, 3))
+    serving.warn_of_several_api_servers(api_server(1, 0))  # one API server: vLLM does not kill it
     assert about_shutdown(said.messages) == []
-    instrumentor._warn_of_several_api_servers(api_server(2, 2))
+    serving.warn_of_several_api_servers(api_server(2, 2))
     assert about_shutdown(said.messages) and about_shutdown(said.messages)[0].endswith(
         "pass --shutdown-timeout 3"
     )
@@ -108,7 +109,7 @@ def test_several_api_servers_sharing_one_resource_are_warned_of_where_the_sdk_gi
 ) -> None:
     """opentelemetry-sdk 1.45 and later detect a service.instance.id per process; older ones do not (the
     minimum-version tier runs this there). The expectation is the SDK's own resource."""
-    instrumentor._warn_of_several_api_servers(api_server(2, 6))
+    serving.warn_of_several_api_servers(api_server(2, 6))
     one_resource = [m for m in said.messages if "under one resource" in m]
     if "service.instance.id" in Resource.create().attributes:
         assert one_resource == []
@@ -116,6 +117,6 @@ def test_several_api_servers_sharing_one_resource_are_warned_of_where_the_sdk_gi
         assert len(one_resource) == 1 and "OTEL_LLM_VLLM_CONFIGURE=1" in one_resource[0]
     said.clear()
     patching._warned.clear()
-    monkeypatch.setenv(instrumentor.ENV_CONFIGURE, "1")  # configure() gives each process its own
-    instrumentor._warn_of_several_api_servers(api_server(2, 6))
+    monkeypatch.setenv(providers.ENV_CONFIGURE, "1")  # configure() gives each process its own
+    serving.warn_of_several_api_servers(api_server(2, 6))
     assert [m for m in said.messages if "under one resource" in m] == []

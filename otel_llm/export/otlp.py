@@ -125,7 +125,7 @@ def signal_path_mistake(url: str | None = None) -> str | None:
     over_http = [
         s
         for s in ("traces", "metrics")
-        if not _env(_signal_env(s, "ENDPOINT")) and _protocol_or_default(s) == PROTOCOL_HTTP  # type: ignore[arg-type]
+        if not _env(_signal_env(s, "ENDPOINT")) and _protocol_or_default(s) == PROTOCOL_HTTP
     ]
     if not over_http:
         return None

@@ -1,9 +1,13 @@
-"""Shared for the SGLang tests: one run of drive_engine.py per session, and views of its results.
+"""Shared for the SGLang tests: one run of drive_engine.py per SGLang release and scenario, and views of
+its results.
 
 SGLang and its pinned torch live in their own virtualenv (``tests/sglang/make_env.sh`` builds
-``.venv-sglang``; ``OTEL_LLM_SGLANG_PYTHON`` points at another interpreter, which must have this checkout
-installed, editable, because SGLang finds the plugin through the installed entry points). The engine is
-SGLang's real one; two things in that virtualenv are test stand-ins, and the tests say so: a torch
+``.venv-sglang`` for the newest tested release and ``.venv-sglang-VERSION`` for another). The offline
+engine tests run on every release of the tested range's ends (``otel_llm.integrations.versions.SGLANG``;
+``OTEL_LLM_SGLANG_VERSIONS`` names others), their ids starting with the release; the server tests, on
+the newest. ``OTEL_LLM_SGLANG_PYTHON`` runs all of them on one interpreter alone, which must have this
+checkout installed, editable, because SGLang finds the plugin through the installed entry points. The
+engine is SGLang's real one; two things in that virtualenv are test stand-ins, and the tests say so: a torch
 ``sgl_kernel.assign_req_to_token_pool_cpu`` (PyPI has only CUDA builds of sgl_kernel) and the torchvision
 operator schemas a CUDA torchvision wheel needs to import on a CPU-only torch (see
 tests/sglang/standins/; on PyPI's default, CUDA-enabled torch it steps aside).
@@ -20,10 +24,27 @@ import pytest
 from drivers import run_or_fail
 
 from otel_llm import semconv as sc
+from otel_llm.integrations.versions import SGLANG
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-SGLANG_PYTHON = Path(os.environ.get("OTEL_LLM_SGLANG_PYTHON", REPO / ".venv-sglang" / "bin" / "python"))
+
+
+def sglang_pythons() -> dict[str, Path]:
+    """The interpreters the offline engine tests run on, by SGLang release (``given``: the variable's)."""
+    given = os.environ.get("OTEL_LLM_SGLANG_PYTHON")
+    if given:
+        return {"given": Path(given)}
+    listed = os.environ.get("OTEL_LLM_SGLANG_VERSIONS", "").replace(",", " ").split()
+    newest = SGLANG.tested[-1]  # the build script's default, in the plain .venv-sglang
+    return {
+        v: REPO / (".venv-sglang" if v == newest else f".venv-sglang-{v}") / "bin" / "python"
+        for v in listed or SGLANG.tested
+    }
+
+
+SGLANG_PYTHONS = sglang_pythons()
+SGLANG_PYTHON = list(SGLANG_PYTHONS.values())[-1]  # the newest listed: the server tests' SGLang
 # Compared with SGLang's numbers; "forced_in_process" is "forced" in the other export mode; "traced" has
 # its own test.
 SCENARIOS = ("forced", "natural", "forced_in_process")
@@ -33,7 +54,7 @@ needs_sglang = pytest.mark.skipif(
     not SGLANG_PYTHON.exists(),
     reason=f"SGLang virtualenv not found at {SGLANG_PYTHON}: build it with `bash tests/sglang/make_env.sh` "
     "(about 1 GB beside a shared 4.7 GB torch tree, a few minutes) or set OTEL_LLM_SGLANG_PYTHON",
-)
+)  # the newest release's; an older one's missing virtualenv skips its own tests (sglang_python)
 
 
 def sglang_env() -> dict[str, str]:
@@ -43,15 +64,26 @@ def sglang_env() -> dict[str, str]:
     return env
 
 
+@pytest.fixture(scope="session", params=list(SGLANG_PYTHONS))
+def sglang_python(request: pytest.FixtureRequest) -> Path:
+    """One release's interpreter for the offline engine tests; skips, saying how to build it, where its
+    virtualenv is missing."""
+    python = SGLANG_PYTHONS[request.param]
+    if not python.exists():
+        version = "" if python.parent.parent.name == ".venv-sglang" else f" {request.param}"
+        pytest.skip(f"{python} not found: build it with `bash tests/sglang/make_env.sh{version}`")
+    return python
+
+
 @pytest.fixture(scope="session")
-def engine_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    """Every offline scenario, one driver process each (SGLang's Prometheus metrics allow one engine
-    with metrics per process)."""
+def engine_runs(sglang_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """Every offline scenario on one release, one driver process each (SGLang's Prometheus metrics allow
+    one engine with metrics per process)."""
     runs = {}
     for name in RUNS:
         out = tmp_path_factory.mktemp("sglang") / f"{name}.json"
         run_or_fail(
-            [str(SGLANG_PYTHON), str(HERE / "drive_engine.py"), str(out), name],
+            [str(sglang_python), str(HERE / "drive_engine.py"), str(out), name],
             sglang_env(),
             out.parent,
             timeout_s=300,

@@ -7,25 +7,46 @@
 # through a .pth file (see tests/sglang/standins/): a torch version of the one sgl_kernel function the
 # CPU path calls, and the torchvision operator schemas that a CUDA torchvision wheel needs to import.
 #
+#   bash tests/sglang/make_env.sh [VERSION] [--best-effort]
+#
+# VERSION: another SGLang release (else $OTEL_LLM_SGLANG_VERSION, else 0.5.23), built into
+# .venv-sglang-VERSION with the same pins; the tier runs on it with OTEL_LLM_SGLANG_PYTHON pointing there.
+#
 # Idempotent: exits 0 at once when the virtualenv already imports the pinned SGLang and otel_llm.
 # Exits non-zero when any step fails, unless --best-effort is given: then a failed build is removed and
 # the SGLang tests are skipped with a reason saying so.  Override the location with OTEL_LLM_SGLANG_VENV.
 set -euo pipefail
 
-if [ "${1:-}" = "--best-effort" ]; then
-    ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+DEFAULT_VERSION="0.5.23"
+SGLANG_VERSION="${OTEL_LLM_SGLANG_VERSION:-$DEFAULT_VERSION}"
+BEST_EFFORT=""
+for arg in "$@"; do
+    case "$arg" in
+        --best-effort) BEST_EFFORT=1 ;;
+        -*) echo "make_env: unknown option $arg (usage: make_env.sh [VERSION] [--best-effort])" >&2; exit 2 ;;
+        *) SGLANG_VERSION="$arg" ;;
+    esac
+done
+if [ "$SGLANG_VERSION" = "$DEFAULT_VERSION" ]; then
+    VENV="${OTEL_LLM_SGLANG_VENV:-$ROOT/.venv-sglang}"
+else
+    VENV="${OTEL_LLM_SGLANG_VENV:-$ROOT/.venv-sglang-$SGLANG_VERSION}"
+fi
+
+if [ -n "$BEST_EFFORT" ]; then
     # shellcheck source=../venv_tools.sh
     . "$ROOT/tests/venv_tools.sh"  # best_effort
-    best_effort sglang "${BASH_SOURCE[0]}" "${OTEL_LLM_SGLANG_VENV:-$ROOT/.venv-sglang}"
+    name=sglang
+    [ "$SGLANG_VERSION" = "$DEFAULT_VERSION" ] || name="sglang-$SGLANG_VERSION"
+    OTEL_LLM_SGLANG_VERSION="$SGLANG_VERSION" OTEL_LLM_SGLANG_VENV="$VENV" \
+        best_effort "$name" "${BASH_SOURCE[0]}" "$VENV"
     exit 0
 fi
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-VENV="${OTEL_LLM_SGLANG_VENV:-$ROOT/.venv-sglang}"
 PYTHON_BIN="${PYTHON:-python3}"
 # shellcheck source=../venv_tools.sh
 . "$ROOT/tests/venv_tools.sh"  # pip_install, install_torch, TORCH_PIN
-SGLANG_VERSION="0.5.23"
 STANDINS="$ROOT/tests/sglang/standins"
 
 probe() {

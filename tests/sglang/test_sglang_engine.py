@@ -1,4 +1,5 @@
-"""otel_llm on the real SGLang engine, offline (``sglang.Engine``), compared with SGLang's own numbers.
+"""otel_llm on the real SGLang engine, offline (``sglang.Engine``), compared with SGLang's own numbers, on
+each release of the tier (the tested range's two ends; ``conftest.py``).
 
 One driver run (drive_engine.py) per session serves every test here; each scenario has its own engine.
 SGLang's values come from its per-request ``meta_info`` (built from SchedulerReqTimeStats with metrics
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -229,11 +231,11 @@ def test_early_eos_under_the_overlap_scheduler_finishes_each_request_once(
     assert finished == len(run["meta"])
 
 
-def test_instrument_uninstrument_round_trip_on_sglang_classes() -> None:
+def test_instrument_uninstrument_round_trip_on_sglang_classes(sglang_python: Path) -> None:
     # SGLang's own classes (no engine started): every replaced attribute wraps SGLang's, a second
     # instrument() changes nothing, uninstrument() restores the very same objects, and it can repeat.
     proc = subprocess.run(
-        [str(SGLANG_PYTHON), str(HERE / "roundtrip.py")],
+        [str(sglang_python), str(HERE / "roundtrip.py")],
         cwd="/",
         env=sglang_env(),
         capture_output=True,

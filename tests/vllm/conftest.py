@@ -1,10 +1,15 @@
-"""Shared for the vLLM tests: one run of drive_scheduler.py per session, and views of its results.
+"""Shared for the vLLM tests: one run of drive_scheduler.py per vLLM release and export mode, and views
+of its results.
 
-vLLM and its pinned torch live in their own virtualenv (``tests/vllm/make_env.sh`` builds ``.venv-vllm``;
-``OTEL_LLM_VLLM_PYTHON`` points at another interpreter, which must have this checkout installed, editable,
-because vLLM finds the plugin through the installed entry points). ``drive_scheduler.py`` runs there as a
-real subprocess and reports, per scenario, our spans and metrics next to vLLM's own FinishedRequestStats
-and the engine-core timeline (events and token batches) vLLM produced in the same run.
+The scheduler tier runs on several vLLM releases in one session: by default the two ends of the tested
+range (``otel_llm.integrations.versions.VLLM.tested``), each in its own virtualenv,
+``.venv-vllm-VERSION``, which ``tests/vllm/make_env.sh VERSION`` builds. ``OTEL_LLM_VLLM_VERSIONS``
+names other releases (``0.35.0``, or ``0.30.0,0.34.0``); ``OTEL_LLM_VLLM_PYTHON`` runs the tier on one
+interpreter alone, which must have this checkout installed, editable, because vLLM finds the plugin
+through the installed entry points. Every test that takes ``vllm_python`` or ``vllm_runs`` runs once per
+release; its id starts with the release. ``drive_scheduler.py`` runs there as a real subprocess and
+reports, per scenario, our spans and metrics next to vLLM's own FinishedRequestStats and the engine-core
+timeline (events and token batches) vLLM produced in the same run.
 """
 
 from __future__ import annotations
@@ -19,32 +24,76 @@ from typing import Any
 import pytest
 
 from otel_llm import semconv as sc
+from otel_llm.integrations.versions import VLLM
 
 REPO = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).with_name("drive_scheduler.py")
-VLLM_PYTHON = Path(os.environ.get("OTEL_LLM_VLLM_PYTHON", REPO / ".venv-vllm" / "bin" / "python"))
+ENV_VERSIONS = "OTEL_LLM_VLLM_VERSIONS"
+ENV_PYTHON = "OTEL_LLM_VLLM_PYTHON"
+
+
+def scheduler_pythons() -> dict[str, Path]:
+    """The interpreters the scheduler tier runs on, by vLLM release (``given`` for OTEL_LLM_VLLM_PYTHON)."""
+    given = os.environ.get(ENV_PYTHON)
+    if given:
+        return {"given": Path(given)}
+    listed = os.environ.get(ENV_VERSIONS, "").replace(",", " ").split()
+    return {v: REPO / f".venv-vllm-{v}" / "bin" / "python" for v in listed or VLLM.tested}
+
+
+VLLM_PYTHONS = scheduler_pythons()
+VLLM_PYTHON = list(VLLM_PYTHONS.values())[-1]  # the newest listed, for a test that needs one vLLM
 ABS = 1e-6  # seconds: float precision for values computed from the same monotonic timestamps
 # The driver's scenarios (see its docstring); test_every_scenario_ran checks the list is complete.
 SCENARIOS = ("mixed", "prefill_preemption", "speculative", "recompute", "stall", "steady")
 
+
+def _build_hint(release: str, python: Path) -> str:
+    if release == "given":
+        return f"{ENV_PYTHON}={python} does not exist"
+    return (
+        f"vLLM {release}'s virtualenv not found at {python.parent.parent}: build it with "
+        f"`bash tests/vllm/make_env.sh {release}` (about 1.3 GB beside a shared 4.7 GB torch tree, a few "
+        f"minutes), or name other releases in {ENV_VERSIONS}"
+    )
+
+
 needs_vllm = pytest.mark.skipif(
-    not VLLM_PYTHON.exists(),
-    reason=f"vLLM virtualenv not found at {VLLM_PYTHON}: build it with `bash tests/vllm/make_env.sh` "
-    "(about 1.3 GB beside a shared 4.7 GB torch tree, a few minutes) or set OTEL_LLM_VLLM_PYTHON",
+    not any(p.exists() for p in VLLM_PYTHONS.values()),
+    reason="; ".join(_build_hint(r, p) for r, p in VLLM_PYTHONS.items()),
 )
+
+
+@pytest.fixture(scope="session", params=list(VLLM_PYTHONS))
+def vllm_release(request: pytest.FixtureRequest) -> str:
+    """One vLLM release of the tier (its key in VLLM_PYTHONS); skips, saying how to build it, where its
+    virtualenv is missing."""
+    python = VLLM_PYTHONS[request.param]
+    if not python.exists():
+        pytest.skip(_build_hint(request.param, python))
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def vllm_python(vllm_release: str) -> Path:
+    """The interpreter of that release's virtualenv."""
+    return VLLM_PYTHONS[vllm_release]
 
 
 @pytest.fixture(scope="session", params=["process", "in_process"])
 def vllm_runs(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    vllm_release: str,
+    vllm_python: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> dict[str, dict[str, Any]]:
     """Every scenario's results, from one driver process (importing vLLM takes most of its time), once
-    per export mode: ``process`` (the default; the tracker on ``configure()``'s providers, the spans and
-    metrics read back from a real OTLP receiver) and ``in_process`` (the tracker on the driver's own
-    providers). Every test that reads them runs in both."""
-    out = tmp_path_factory.mktemp(f"vllm-{request.param}") / "run.json"
+    per vLLM release and export mode: ``process`` (the default; the tracker on ``configure()``'s
+    providers, the spans and metrics read back from a real OTLP receiver) and ``in_process`` (the tracker
+    on the driver's own providers). Every test that reads them runs in each."""
+    out = tmp_path_factory.mktemp(f"vllm-{vllm_release}-{request.param}") / "run.json"
     proc = subprocess.run(
-        [str(VLLM_PYTHON), str(DRIVER), str(out), "--print", f"--export-mode={request.param}"],
+        [str(vllm_python), str(DRIVER), str(out), "--print", f"--export-mode={request.param}"],
         cwd=out.parent,
         capture_output=True,
         text=True,

@@ -13,6 +13,11 @@ At every rescheduling of a preempted request it also writes down, from vLLM's ``
 tokens vLLM found cached and had left to compute, and then the tokens it scheduled for the recompute
 (``vllm_reschedulings``), for the recompute figures.
 
+Each request reaches the scheduler as it reaches vLLM's engine core from a frontend in another process:
+packed and encoded by vLLM's own client code, decoded by the engine core's decoder (driver_frontend.py;
+on vLLM 0.34 its prompt ids arrive as a NumPy array). The frontend's OutputProcessor gets the request as
+made. The driver follows vLLM's releases by feature detection (driver_frontend.py), never by version.
+
 Scenarios are in driver_scenarios.py; each runs with a fresh tracker, scheduler and output processor.
 
 Writes one JSON document, ``{"scenarios": {name: run}}``; each run holds our finished spans, our metric
@@ -35,6 +40,7 @@ os.environ.setdefault("VLLM_CACHE_ROOT", tempfile.mkdtemp(prefix="vllm-cache-"))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch
+from driver_frontend import EngineCoreLink, model_runner_output
 from driver_records import (
     ListMetricExporter,
     engine_timeline,
@@ -69,6 +75,7 @@ from vllm.v1.metrics.stats import IterationStats
 from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
+from vllm.version import __version__ as VLLM_VERSION
 
 from otel_llm import RequestTracker
 from otel_llm.export.preaggregated import PreAggregatedMetricExporter
@@ -200,9 +207,7 @@ def sample(scenario: Scenario, sched: Scheduler, sched_out) -> ModelRunnerOutput
                 for k in range(first, first + 1 + min(drafts, spec.accepted))
             ]
         )
-    return ModelRunnerOutput(
-        req_ids=ids, req_id_to_index={r: k for k, r in enumerate(ids)}, sampled_token_ids=sampled
-    )
+    return model_runner_output(ids, sampled)
 
 
 class InProcess:
@@ -262,6 +267,8 @@ def run(scenario: Scenario, model_dir: str, export_mode: str) -> dict:
     sched = build_scheduler(scenario, model_dir)
     proc = OutputProcessor(tokenizer=None, log_stats=True)  # vLLM's own frontend-side stats
     hasher = block_hasher(scenario, sched)
+    link = EngineCoreLink()  # each request reaches the engine core as a frontend in another process sends it
+    engine_core_requests: list[Request] = []
 
     arrivals = {rid: (index, spec.arrive_step) for index, (rid, spec) in enumerate(scenario.requests.items())}
 
@@ -271,7 +278,9 @@ def run(scenario: Scenario, model_dir: str, export_mode: str) -> dict:
                 del arrivals[rid]
                 ecr = engine_request(scenario, rid, index)
                 proc.add_request(ecr, prompt=None)
-                sched.add_request(Request.from_engine_core_request(ecr, block_hasher=hasher))
+                engine_core_request = Request.from_engine_core_request(link.send(ecr), block_hasher=hasher)
+                engine_core_requests.append(engine_core_request)
+                sched.add_request(engine_core_request)
 
     arrive(0)
     finished, itls, timeline, step = [], [], {rid: [] for rid in scenario.requests}, 0
@@ -333,6 +342,9 @@ def run(scenario: Scenario, model_dir: str, export_mode: str) -> dict:
         "vllm_steps": steps,
         "batch_calls": batch_calls,
         "batch_log": batch_log(tracker),
+        "vllm_version": VLLM_VERSION,
+        "engine_core_received": {"packs_prompt": link.packs_prompt, "requests": link.received},
+        "engine_core_prompt_types": sorted({type(r.prompt_token_ids).__name__ for r in engine_core_requests}),
     }
 
 

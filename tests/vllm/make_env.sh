@@ -1,29 +1,48 @@
 #!/usr/bin/env bash
-# Build the separate virtualenv that the vLLM integration test drives (.venv-vllm at the repo root).
+# Build a virtualenv of the vLLM scheduler tier: vLLM's real scheduler, output processor and config
+# classes, driven step by step by tests/vllm/drive_scheduler.py (no model, no GPU).
 #
-# vLLM pins its own torch (2.14.0) and pulls a large dependency tree, so it never goes into the
-# development virtualenv.  We install vLLM without its dependencies and add, pinned, only what its
-# scheduler, output processor and config classes import; torch stays at 2.13.0 (PyPI's default build).
+#   bash tests/vllm/make_env.sh [VERSION] [--best-effort]
 #
-# Idempotent: exits 0 at once when the virtualenv already imports the pinned vLLM and otel_llm.
-# Exits non-zero when any step fails, unless --best-effort is given: then a failed build is removed and
-# the vLLM tests are skipped with a reason saying so.  Override the location with OTEL_LLM_VLLM_VENV.
+# VERSION is any vLLM release on PyPI (else $OTEL_LLM_VLLM_VERSION, else 0.34.0, the newest release of
+# the tested range in otel_llm/integrations/versions.py; a test checks the two agree). The virtualenv is
+# .venv-vllm-VERSION at the repository root (OTEL_LLM_VLLM_VENV: another place). CI builds the range's
+# two ends; tests/vllm/check_release.sh builds any release and runs the tier on it, in one command.
+#
+# vLLM pins its own torch and pulls a large dependency tree, so it never goes into the development
+# virtualenv. We install vLLM without its dependencies and add, pinned, only what its scheduler, output
+# processor and config classes import; torch stays at 2.13.0 (PyPI's default build). The pins are the
+# same for every release tested (0.30.0 to 0.34.0); a release that imports something new fails the
+# probe below, which prints the import error.
+#
+# Idempotent: exits 0 at once when the virtualenv already imports that vLLM and otel_llm. Exits non-zero
+# when any step fails, unless --best-effort is given: then a failed build is removed and the tier skips
+# that release's tests with a reason saying so.
 set -euo pipefail
 
-if [ "${1:-}" = "--best-effort" ]; then
-    ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+BEST_EFFORT=""
+VLLM_VERSION="${OTEL_LLM_VLLM_VERSION:-0.34.0}"
+for arg in "$@"; do
+    case "$arg" in
+        --best-effort) BEST_EFFORT=1 ;;
+        -*) echo "make_env: unknown option $arg (usage: make_env.sh [VERSION] [--best-effort])" >&2; exit 2 ;;
+        *) VLLM_VERSION="$arg" ;;
+    esac
+done
+VENV="${OTEL_LLM_VLLM_VENV:-$ROOT/.venv-vllm-$VLLM_VERSION}"
+
+if [ -n "$BEST_EFFORT" ]; then
     # shellcheck source=../venv_tools.sh
     . "$ROOT/tests/venv_tools.sh"  # best_effort
-    best_effort vllm "${BASH_SOURCE[0]}" "${OTEL_LLM_VLLM_VENV:-$ROOT/.venv-vllm}"
+    OTEL_LLM_VLLM_VERSION="$VLLM_VERSION" OTEL_LLM_VLLM_VENV="$VENV" \
+        best_effort "vllm-$VLLM_VERSION" "${BASH_SOURCE[0]}" "$VENV"
     exit 0
 fi
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-VENV="${OTEL_LLM_VLLM_VENV:-$ROOT/.venv-vllm}"
 PYTHON_BIN="${PYTHON:-python3}"
 # shellcheck source=../venv_tools.sh
 . "$ROOT/tests/venv_tools.sh"  # pip_install, install_torch, TORCH_PIN
-VLLM_VERSION="0.33.0"
 
 # The readiness probe: the pinned vLLM is installed, the classes the test drives import, otel_llm imports
 # with its vLLM plugin registered.
@@ -46,13 +65,13 @@ if [ -x "$VENV/bin/python" ] && probe; then
     exit 0
 fi
 
-echo "make_env: building $VENV (about 1.3 GB, plus the 4.7 GB torch tree shared by hard links; a few minutes)"
+echo "make_env: building $VENV with vllm==$VLLM_VERSION (about 1.3 GB, plus the 4.7 GB torch tree shared by hard links; a few minutes)"
 [ -x "$VENV/bin/python" ] || "$PYTHON_BIN" -m venv "$VENV"
 
 # 1. torch first, so nothing below can choose another build.
 install_torch
 
-# 2. vLLM itself without dependencies: with them it would replace torch 2.13.0 by the 2.14.0 it pins.
+# 2. vLLM itself without dependencies: with them it would replace torch 2.13.0 by the one it pins.
 pip_install --no-deps "vllm==$VLLM_VERSION"
 
 # 3. What vLLM's Python code imports on the scheduler / output-processor / config path.

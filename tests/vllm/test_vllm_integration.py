@@ -1,4 +1,5 @@
-"""otel_llm's vLLM integration against vLLM 0.33.0's real Scheduler and OutputProcessor.
+"""otel_llm's vLLM integration against vLLM's real Scheduler and OutputProcessor, on each release of the
+scheduler tier (the tested range's two ends; ``conftest.py``).
 
 ``drive_scheduler.py`` (run once per session by ``conftest.py``, in vLLM's own virtualenv) drives vLLM's
 scheduler through several scenarios; vLLM's own OutputProcessor (instrumented by otel_llm) processes
@@ -16,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from packaging.version import Version
 
 from otel_llm import semconv as sc
 from tests.vllm.conftest import (
     ABS,
     SCENARIOS,
-    VLLM_PYTHON,
     metric,
     needs_vllm,
     roots,
@@ -67,7 +68,7 @@ def test_instrument_wraps_and_uninstrument_restores_vllm(any_run: dict[str, Any]
     assert any_run["restored"] is True
 
 
-def test_vllm_loads_the_general_plugin(tmp_path: Path) -> None:
+def test_vllm_loads_the_general_plugin(vllm_python: Path, tmp_path: Path) -> None:
     # vLLM calls every `vllm.general_plugins` entry point in each of its processes. Run outside the
     # checkout: a build's otel_llm.egg-info in the current folder would shadow the installed metadata.
     code = (
@@ -76,7 +77,7 @@ def test_vllm_loads_the_general_plugin(tmp_path: Path) -> None:
         "print('instrumented:', VLLMInstrumentor().is_instrumented)"
     )
     proc = subprocess.run(
-        [str(VLLM_PYTHON), "-c", code],
+        [str(vllm_python), "-c", code],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -84,6 +85,30 @@ def test_vllm_loads_the_general_plugin(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "instrumented: True" in proc.stdout
+    assert "outside the releases otel-llm is tested on" not in proc.stderr  # a release of the range
+
+
+def test_the_run_is_on_the_vllm_release_it_is_named_after(vllm_release: str, run: dict[str, Any]) -> None:
+    if vllm_release != "given":  # OTEL_LLM_VLLM_PYTHON: whatever that interpreter has
+        assert run["vllm_version"] == vllm_release
+
+
+def test_the_engine_core_got_the_prompt_ids_as_vllms_frontend_sends_them(any_run: dict[str, Any]) -> None:
+    """Every request reached vLLM's scheduler through vLLM's own frontend-to-engine-core encoding: as an
+    int32 NumPy array, wrapped by the engine core in a TokenBuffer, where vLLM's client packs prompt ids
+    (0.34 and later), else as a list; the whole tier's figures are taken on that path."""
+    received = any_run["engine_core_received"]
+    assert {rid: r["count"] for rid, r in received["requests"].items()} == {
+        rid: spec["prompt_len"] for rid, spec in any_run["requests"].items()
+    }
+    if received["packs_prompt"]:
+        assert {r["type"] for r in received["requests"].values()} == {"ndarray"}
+        assert any_run["engine_core_prompt_types"] == ["TokenBuffer"]
+    else:
+        assert {r["type"] for r in received["requests"].values()} == {"list"}
+    # A guard on the detection itself: vLLM's client packs prompt ids from 0.34 on (0.30 to 0.33 send
+    # the list), so a run on 0.34 or later that did not take the NumPy path has missed it.
+    assert received["packs_prompt"] == (Version(any_run["vllm_version"]).release >= (0, 34))
 
 
 def test_one_trace_per_request(any_run: dict[str, Any]) -> None:

@@ -19,20 +19,42 @@ from typing import Any
 
 import pytest
 
+from otel_llm import RequestTracker
 from otel_llm.integrations import import_hook, patching
 from otel_llm.integrations.vllm import VLLMInstrumentor
-from otel_llm.integrations.vllm import instrumentor as instrumentor_module
 from otel_llm.integrations.vllm.identity import identify
+from otel_llm.integrations.vllm.state import log
 
-LOGGER = instrumentor_module.__name__
+LOGGER = log.name  # every message of the integration
 
 ENGINE_INIT = """
 import enum
+from dataclasses import dataclass
 class EngineCoreEventType(enum.IntEnum):
     QUEUED = 1
     SCHEDULED = 2
     PREEMPTED = 3
+@dataclass
+class EngineCoreOutput:
+    request_id: str
+    new_token_ids: list
+    finish_reason: object = None
+    events: object = None
 """
+ENGINES = {
+    "llm_engine.py": """
+class LLMEngine:
+    def __init__(self, vllm_config=None):
+        pass
+""",
+    "async_llm.py": """
+class AsyncLLM:
+    def __init__(self, vllm_config=None):
+        pass
+    async def add_request(self, request_id, prompt, params, arrival_time=None, trace_headers=None):
+        pass
+""",
+}
 OUTPUT_PROCESSOR = """
 class _Base:
     def abort_requests(self, request_ids, internal):
@@ -43,17 +65,35 @@ class _Base:
 class OutputProcessor(_Base):
     def __init__(self):
         self.request_states = {}
-    def add_request(self, request, prompt=None):
+    def add_request(self, request, prompt=None, parent_req=None, request_index=0):
         self.request_states[request.request_id] = request
     def process_outputs(self, engine_core_outputs, engine_core_timestamp=None, iteration_stats=None):
         return "processed"
     def update_scheduler_stats(self, scheduler_stats):
         return "updated"
+    def do_tracing(self, engine_core_output, req_state, iteration_stats):
+        return None
 """
 SCHEDULER = """
 class Scheduler:
     def __init__(self, vllm_config, log_stats=False):
         self.log_stats = log_stats
+    def schedule(self):
+        return None
+"""
+SCHEDULER_OUTPUT = """
+from dataclasses import dataclass
+@dataclass
+class CachedRequestData:
+    req_ids: list
+    resumed_req_ids: set
+    num_computed_tokens: list
+@dataclass
+class SchedulerOutput:
+    scheduled_new_reqs: list
+    scheduled_cached_reqs: CachedRequestData
+    num_scheduled_tokens: dict
+    total_num_scheduled_tokens: int
 """
 
 
@@ -75,6 +115,8 @@ def stand_in_vllm(root: Path, monkeypatch: pytest.MonkeyPatch, engine: str, proc
         "vllm/v1/core/__init__.py": "",
         "vllm/v1/core/sched/__init__.py": "",
         "vllm/v1/core/sched/scheduler.py": SCHEDULER,
+        "vllm/v1/core/sched/output.py": SCHEDULER_OUTPUT,
+        **{f"vllm/v1/engine/{name}": text for name, text in ENGINES.items()},
     }
     for relative, text in files.items():
         path = root / relative
@@ -251,20 +293,6 @@ def test_uninstrument_before_vllm_is_imported_removes_the_hook(
     assert not any(type(f).__module__ == import_hook.__name__ for f in sys.meta_path)
 
 
-def test_instrumentation_dependencies_match_the_instruments_any_extra() -> None:
-    """opentelemetry-instrument decides from the distribution's `instruments-any` extra, before importing:
-    it must name what each instrumentor of the distribution instruments, and nothing else."""
-    from otel_llm.integrations.sglang import SGLangInstrumentor
-
-    requires = importlib.metadata.distribution("otel-llm").requires or []
-    declared = [r.split(";")[0].replace(" ", "") for r in requires if 'extra == "instruments-any"' in r]
-    wanted = [
-        *VLLMInstrumentor().instrumentation_dependencies(),
-        *SGLangInstrumentor().instrumentation_dependencies(),
-    ]
-    assert sorted(declared) == sorted(d.replace(" ", "") for d in wanted)
-
-
 def test_warnings_show_when_the_root_logger_hides_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -279,7 +307,7 @@ def test_warnings_show_when_the_root_logger_hides_them(
     stand_in_vllm(tmp_path, monkeypatch, ENGINE_INIT, OUTPUT_PROCESSOR)
     from vllm.v1.engine.output_processor import OutputProcessor
 
-    VLLMInstrumentor().instrument(tracker=_RaisingTracker())
+    VLLMInstrumentor().instrument(tracker=RequestTracker())
     processor = OutputProcessor()
     processor.add_request(_Request("r1"))
     processor.process_outputs([_Output("r1", [7], [])], 2.0, None)  # no events: the engine core is bare

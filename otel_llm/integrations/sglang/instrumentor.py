@@ -29,9 +29,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from otel_llm.integrations import import_hook
+from otel_llm.integrations import import_hook, versions
 from otel_llm.integrations.patching import Patch, guarded, warn_once
 from otel_llm.integrations.sglang.adapter import CARRIED, SGLangAdapter
+
+__all__ = ["SGLangInstrumentor"]
 
 _log = logging.getLogger(__name__)
 
@@ -79,12 +81,13 @@ class SGLangInstrumentor:
         return SGLangInstrumentor._patch is not None
 
     def instrumentation_dependencies(self) -> tuple[str, ...]:
-        return ("sglang >= 0.5.23",)
+        return (versions.SGLANG.requirement,)  # the tested range, stated in otel_llm.integrations.versions
 
     def instrument(self, tracker: Any = None, **tracker_options: Any) -> None:
         # opentelemetry-instrument's loader passes these; it loads every instrumentor of a distribution
         # whose `instruments-any` extra is met, so a vLLM-only environment loads this one too.
         by_loader = any([tracker_options.pop(key, None) is not None for key in _LOADER_KWARGS])
+        versions.version_check()  # a bad OTEL_LLM_VERSION_CHECK fails here, in the caller
         with SGLangInstrumentor._lock:
             if SGLangInstrumentor._patch is not None or SGLangInstrumentor._waiting is not None:
                 _log.debug("otel_llm: SGLang is already instrumented")
@@ -172,7 +175,7 @@ def _patch_when_imported() -> None:
 def _patch_sglang() -> None:
     """Wrap SGLang's scheduler and tokenizer methods (caller holds SGLangInstrumentor._lock)."""
     found = _find_sglang()
-    if found is None:
+    if found is None or not versions.SGLANG.allows(_log):  # outside the tested range: one warning
         return
     scheduler, streamer, tokenizer, api_stats, sched_stats = found
     patch = Patch()
@@ -199,8 +202,9 @@ def _patch_sglang() -> None:
     SGLangInstrumentor._patch = patch
 
 
-def _find_sglang() -> tuple[type, type, type, type, type] | None:
-    """SGLang's classes when they have what we wrap; else warn once and return None."""
+def _find_sglang() -> tuple[Any, Any, Any, Any, Any] | None:
+    """SGLang's classes when they have what we wrap; else warn once and return None (``Any``: their
+    methods are looked up by name, checked here at run time)."""
     spec = importlib.util.find_spec("sglang")
     if spec is None or spec.origin is None:  # no origin: a folder named sglang, such as a test folder
         _warn_once("otel_llm: SGLang is not installed; the SGLang integration does nothing")

@@ -150,7 +150,6 @@ class VLLMAdapter:
         # With the engine core in its own process: reads the steps it sent (engine_core_figures) into
         # ``step_scheduled``, called as each batch of outputs arrives. None with the engine core here.
         self.pull_steps: Callable[[], None] | None = None
-        self._batch_failed = False
         self._engine_tracker: Any = None  # where engine_state() goes: the tracker of the first request
         # Tokens of the engine step being delivered, counted as vLLM's iteration stats count them.
         self._step_outputs = 0
@@ -245,7 +244,7 @@ class VLLMAdapter:
         if self.pull_steps is not None:
             self._pull()
         if still_open is not None and still_open.__class__ is dict:
-            self._open_before = len(still_open)  # type: ignore[arg-type]
+            self._open_before = len(still_open)
         else:
             self._open_before = -1
         live_get = self._live.get
@@ -295,7 +294,7 @@ class VLLMAdapter:
         if odd is None:
             if self._compositions:
                 self._report_steps(batch_ts)
-            if plain:
+            if plain and tracker is not None:  # a plain output always set tracker
                 tracker.tokens(plain, ts=batch_ts)
         else:
             batches: dict[Any, tuple[list[str], list[int]]] = {}
@@ -370,25 +369,16 @@ class VLLMAdapter:
             self._compositions.add(ts, scheduled, recompute)
 
     def _pull(self) -> None:
-        try:
-            self.pull_steps()  # type: ignore[misc]
-        except Exception:
-            self.pull_steps = None
-            _log.warning("otel_llm: reading vLLM's engine-core steps failed; no stall figures", exc_info=True)
+        self.pull_steps()  # type: ignore[misc]
 
     def _report_steps(self, batch_ts: float) -> None:
         """``batch()`` of every kept step scheduled by ``batch_ts`` to each tracker of this frontend:
-        they share the engine's steps, so each one's stalls may name requests of another. Never raises:
-        the step's tokens come next."""
-        steps = self._compositions.due(batch_ts)
-        try:
-            for ts, scheduled, recompute in steps:
-                for tracker in self._trackers.values():
-                    tracker.batch(scheduled, ts=ts, recompute=recompute)
-        except Exception:
-            if not self._batch_failed:
-                self._batch_failed = True
-                _log.warning("otel_llm: reporting vLLM's step to the tracker failed", exc_info=True)
+        they share the engine's steps, so each one's stalls may name requests of another. What raises
+        here reaches the instrumentor's wrapper, which counts it and stops the integration: later
+        steps would have no stall figures."""
+        for ts, scheduled, recompute in self._compositions.due(batch_ts):
+            for tracker in self._trackers.values():
+                tracker.batch(scheduled, ts=ts, recompute=recompute)
 
     def engine_stats(self, stats: Any) -> None:
         """The end of one engine step: its ``SchedulerStats`` (or None) and the tokens of its outputs.
@@ -485,6 +475,26 @@ class VLLMAdapter:
             if request_id in self._pending:
                 self._open(request_id, None)  # aborted before the engine reported anything: all queue time
             self._finish(request_id, sc.REASON_ABORT, now, None)
+
+    def abandon_all(self, why: str) -> int:
+        """Every request followed ends now as ``abandoned``, with ``why`` as its error: the integration
+        stops, and no later event of theirs will reach a tracker. Returns how many ended."""
+        now = time.monotonic()
+        ended = 0
+        for request_id in list(self._live):
+            tracker = self._live.pop(request_id)
+            try:
+                tracker.finished(request_id, reason=sc.REASON_ABANDONED, ts=now, error=why)
+                ended += 1
+            finally:
+                self._child_gone(request_id, now)
+        for request_id in list(self._pending):
+            del self._pending[request_id]
+            self._child_gone(request_id, now)
+        self._evicted.clear()
+        self._remote_decode.clear()
+        self._handing_off.clear()
+        return ended
 
     # --- internals -----------------------------------------------------------------------------------
 

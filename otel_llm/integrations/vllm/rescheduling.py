@@ -33,7 +33,7 @@ MAX_REQUESTS = 4096
 
 def resumed(scheduler: Any, output: Any) -> Iterator[tuple[str, int]]:
     """(request id, tokens found cached) of every preempted request ``output`` re-admits."""
-    cached_reqs = getattr(output, "scheduled_cached_reqs", None)
+    cached_reqs: Any = getattr(output, "scheduled_cached_reqs", None)
     resumed_ids = getattr(cached_reqs, "resumed_req_ids", None)
     if resumed_ids:
         req_ids, computed = cached_reqs.req_ids, cached_reqs.num_computed_tokens
@@ -62,7 +62,7 @@ def rescheduled(scheduler: Any, output: Any) -> list[tuple[str, float, int, int]
     for request_id, cached in resumed(scheduler, output):
         request = requests.get(request_id)
         events = getattr(request, "events", None)
-        last = events[-1] if events else None
+        last: Any = events[-1] if events else None
         if getattr(getattr(last, "type", None), "name", None) != "SCHEDULED" or not isinstance(cached, int):
             continue
         client = getattr(request, "client_index", 0)
