@@ -30,6 +30,10 @@ PAGES = [
     "docs/telemetry.md",
     "docs/demo.md",
     "docs/operations.md",
+    "docs/vllm.md",
+    "docs/development.md",
+    "docs/install.md",
+    "docs/compatibility.md",
 ]
 
 
