@@ -173,9 +173,11 @@ def lines(result: dict[str, Any]) -> list[str]:
         "",
         f"`python -m benchmarks.engine_core_figures` ({STEPS} steps a round, {ROUNDS} rounds, a batch of "
         f"{BATCH} requests; its docstring has the method). CPU per `schedule()` call; the added part is "
-        "the wrapper's: the check for re-admitted requests and, when there are some, one socket write of "
-        "their figures to the frontend; then, with a frontend known (as always once a request came), the "
-        "step's line for the frontend's stall figures, every step, in the same write. Target for the figures "
+        "the wrapper's: the check for re-admitted requests and, when there are some, one write of "
+        "their figures to the frontend (to the ring of shared memory it was handed, once connected); then, "
+        "with a frontend known (as always once a request came), the step's line for the frontend's stall "
+        "figures, every step, in the same write. Target for the step line (issue 44): at most 2 µs per "
+        "decode step. Target for the figures "
         "(issue 29): at most 2 µs per re-admitted request, nothing on a plain step; the step line is the "
         "cost of stall figures under `vllm serve` (issue 31).",
         "",

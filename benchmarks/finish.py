@@ -11,6 +11,9 @@ OpenTelemetry peer and the vLLM way. All timestamps are explicit monotonic secon
 from __future__ import annotations
 
 import itertools
+import time
+import types
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry import metrics, trace
@@ -21,6 +24,7 @@ from benchmarks.report import Measure
 from benchmarks.timing import Round, compare, perf_ns
 from otel_llm import RequestTracker
 from otel_llm import semconv as sc
+from otel_llm.hooks import stalls as stall_finder
 
 STEP_S = 0.010
 _tags = itertools.count()
@@ -112,21 +116,28 @@ class BareSdkSpans:
 
 
 def finishing(
-    tracker: RequestTracker, batch: int, tokens: int, preempt: bool, batches: bool = False
+    tracker: RequestTracker,
+    batch: int,
+    tokens: int,
+    preempt: bool,
+    batches: bool = False,
+    clock: Callable[[], int] = perf_ns,
 ) -> Round:
     """A round timing only the ``finished()`` calls of ``batch`` requests driven through ``tokens``
-    steps (``drive``)."""
+    steps (``drive``), on ``clock`` (nanoseconds)."""
 
     def run() -> tuple[int, int]:
         tag = next(_tags)
         ids = [f"req-{tag}-{i}" for i in range(batch)]
-        # Each round later than the last: the tracker's step logs stay in time order, as an engine's do.
-        end = drive(tracker, ids, tokens, preempt, 100.0 + 20.0 * tag, finish=False, batches=batches)
+        # Each round after the last has ended: the tracker's step logs stay in time order, as an engine's
+        # do (a round of N steps spans about 1.1 N steps of STEP_S).
+        start_at = 100.0 + tag * (20.0 + 1.2 * STEP_S * tokens)
+        end = drive(tracker, ids, tokens, preempt, start_at, finish=False, batches=batches)
         finished = tracker.finished
-        start = perf_ns()
+        start = clock()
         for rid in ids:
             finished(rid, ts=end)
-        return perf_ns() - start, batch
+        return clock() - start, batch
 
     return run
 
@@ -163,14 +174,33 @@ def finish_rounds(batch: int, tokens: int, preempt: bool, split: bool = False) -
     return {**made, "bare SDK spans": bare_sdk}
 
 
+EXACT_PATH = "with batch(), every request's stalls over its token times"
+
+
 def stall_rounds(batch: int, tokens: int) -> dict[str, Round]:
-    """finished() after ``tokens`` decode steps, without and with ``batch()`` (its stalls found)."""
+    """finished() after ``tokens`` decode steps, without and with ``batch()`` (its stalls found), and
+    with ``batch()`` where every request takes the stall finder's exact path (``stalls.find`` over its
+    token times, as before the log's gap index; ``find_logged`` otherwise). CPU time of the finishing
+    thread: a round is short, and another job taking the core away would land in one variant."""
     made = {}
-    for name in ("without batch()", "with batch()"):
+    for name in ("without batch()", "with batch()", EXACT_PATH):
         p = discarding_providers()
         made[name] = RequestTracker(tracer_provider=p.tracer_provider, meter_provider=p.meter_provider)
+    made[EXACT_PATH]._stalls = types.MethodType(_exact_stalls, made[EXACT_PATH])  # type: ignore[method-assign]
+    return {
+        name: finishing(t, batch, tokens, False, name != "without batch()", time.thread_time_ns)
+        for name, t in made.items()
+    }
 
-    return {name: finishing(t, batch, tokens, False, name == "with batch()") for name, t in made.items()}
+
+def _exact_stalls(self: Any, fin: Any, batches: Any) -> Any:
+    first, last = fin.timeline.first_token, fin.last_token
+    if first is None or last is None:
+        return (), ()
+    with self._lock:
+        steps, ends, partial = batches.between(first, last)
+        log_start = batches.oldest_start()
+    return stall_finder.find(fin, steps, ends, partial, log_start)
 
 
 def whole_rounds(batch: int, tokens: int, preempt: bool) -> dict[str, Round]:
@@ -236,7 +266,7 @@ def run(quick: bool, rounds: int) -> list[Measure]:
                     spread=(t["ours"].low_ns, t["ours"].high_ns),
                 )
             )
-    for tokens in (20, 100) if quick else (200, 1000):
+    for tokens in (20, 100) if quick else (200, 1000, 10000):
         t = compare(stall_rounds(batch, tokens), rounds)
         out.append(
             Measure(
@@ -244,9 +274,10 @@ def run(quick: bool, rounds: int) -> list[Measure]:
                 f"finished() after {tokens} decode steps, the engine reporting its batches (batch())",
                 "ns",
                 t["with batch()"].median_ns,
-                {"without batch()": t["without batch()"].median_ns},
+                {"without batch()": t["without batch()"].median_ns, EXACT_PATH: t[EXACT_PATH].median_ns},
                 spread=(t["with batch()"].low_ns, t["with batch()"].high_ns),
-                note="every 50th step five times as long: each request's stalls found and put on its trace",
+                note="every 50th step five times as long: each request's stalls found and put on its trace; "
+                "CPU time of the finishing thread",
             )
         )
     return out

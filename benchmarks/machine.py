@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
 from importlib import metadata
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
 
 PACKAGES = (
     "otel-llm",
@@ -29,6 +33,33 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def commit() -> str:
+    """The commit this checkout is at (``git rev-parse --short HEAD``), with "+ uncommitted changes" when
+    the tree differs from it; "unknown" outside a git checkout."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=30
+        )
+        status = subprocess.run(
+            ["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    if head.returncode != 0:
+        return "unknown"
+    dirty = status.returncode != 0 or bool(status.stdout.strip())
+    return head.stdout.strip() + (" + uncommitted changes" if dirty else "")
+
+
+def load() -> str:
+    """How busy the machine is: the load averages over 1, 5 and 15 minutes, and the cores."""
+    try:
+        one, five, fifteen = os.getloadavg()
+    except OSError:
+        return "load average unknown"
+    return f"load average {one:.1f} / {five:.1f} / {fifteen:.1f} (1 / 5 / 15 min) on {os.cpu_count()} cores"
+
+
 def describe() -> list[str]:
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     versions = []
@@ -42,4 +73,6 @@ def describe() -> list[str]:
         f"- OS: {platform.system()} {platform.release()} ({platform.machine()})",
         f"- Python: {platform.python_implementation()} {platform.python_version()}",
         f"- Packages: {', '.join(versions)}",
+        f"- Commit measured: {commit()}",
+        f"- Machine load at the end of the run: {load()}",
     ]

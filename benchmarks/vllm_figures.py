@@ -61,6 +61,16 @@ def added_ratio(result: dict[str, Any], variant: str) -> float | None:
     return added(result, variant) / tracing if tracing > 0 else None
 
 
+def added_ratio_halves(result: dict[str, Any], variant: str) -> tuple[float | None, float | None]:
+    """``added_ratio`` of the even rounds and of the odd rounds apart: the ratio measured twice in one
+    run, so its spread is known (each half has its own rounds, and so its own machine noise)."""
+    halves = []
+    for start in (0, 1):
+        rounds = {name: r[start::2] for name, r in result["rounds"].items()}
+        halves.append(added_ratio({**result, "rounds": rounds}, variant) if rounds[BARE] else None)
+    return halves[0], halves[1]
+
+
 @dataclass(frozen=True)
 class Spread:
     median: float
@@ -139,10 +149,12 @@ def breakdown(profile: list[dict[str, Any]], min_thread_ms: float = 0.05) -> Bre
     rounds = len(profile)
     rows: list[tuple[str, float, float | None, float | None]] = []
     counted = 0
-    for name in profile[-1]["entry_points"]:
+    names = profile[-1]["entry_points"]
+    for name in names:
         cpu = sum(p["cpu_ns"].get(name, 0) for p in profile)
         calls = sum(p["calls"].get(name, 0) for p in profile)
-        counted += cpu
+        if not any(name.startswith(f"{outer}: ") for outer in names):  # a part is in its whole's CPU
+            counted += cpu
         rows.append(
             (
                 f"main thread: {name}",

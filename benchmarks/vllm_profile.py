@@ -19,10 +19,16 @@ from collections.abc import Callable
 from typing import Any
 
 # Adapter method -> the name the report gives it (the instrumentor's wrapped vLLM method in brackets).
+# A name that extends another's with ": " is a part of it, counted inside it too (``vllm_figures``): the
+# features of the per-step path (the socket read of the engine core's lines, the steps handed to
+# ``batch()``, the request's finish) apart from the outputs' own replay and the settle's check.
 ENTRY_POINTS = {
     "request_added": "add_request",
     "outputs": "process_outputs: outputs",
+    "_pull": "process_outputs: outputs: socket read",
+    "_report_steps": "process_outputs: outputs: batch()",
     "settle": "process_outputs: settle",
+    "_finish": "process_outputs: settle: finish",
     "engine_stats": "update_scheduler_stats: engine_stats",
 }
 

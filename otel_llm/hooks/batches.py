@@ -17,13 +17,17 @@ request; other steps look up only the requests with more than one token.
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Collection, Mapping
+from itertools import compress, repeat
+from operator import mul, sub
 from typing import Any
 
 from otel_llm.hooks.timeline import Timeline
 
 BATCH_LOG_SIZE = 4096  # engine steps remembered (up to twice as many): about 150 bytes each
+# Gaps up to this long are not indexed by class: the stall floor (``stalls.STALL_FLOOR_S``) is above it.
+MIN_INDEXED_GAP_S = 0.001
 # A step's heavy entries (prefill and recompute) kept by request: the largest, by tokens.
 MAX_HEAVY = 8
 
@@ -69,6 +73,14 @@ def check_scheduled(scheduled: Any) -> tuple[int, int]:
 
     Ints (numpy's too) pass with one C-level pass, ``sum``; anything else is named. Negative counts are
     refused where the step is told apart (``BatchLog.add``): a pure decode step sums to its size."""
+    if scheduled.__class__ is dict:  # the common argument: a plain dict of ints, one check of the sum
+        try:
+            quick = sum(scheduled.values())
+        except TypeError:
+            pass  # named below
+        else:
+            if quick.__class__ is int:
+                return len(scheduled), quick
     if not isinstance(scheduled, Mapping):
         raise TypeError(
             "batch() takes a mapping of request id -> tokens the step computes for it "
@@ -88,17 +100,40 @@ def check_scheduled(scheduled: Any) -> tuple[int, int]:
     return len(scheduled), total
 
 
+def size_class(gap: float) -> int:
+    """A gap's class (gap > 0): four per doubling, in the gaps' order (a larger gap, a class at least as
+    high). One class holds gaps within 19 % of each other."""
+    return math.floor(math.log2(gap) * 4)
+
+
 class BatchLog:
     """The last ``size`` steps (at least; up to twice as many are kept between trims), in time order, as
     parallel lists: the ``BatchStep`` objects and their ends (``math.inf`` until ended), so that a finished
-    request's steps are found by bisection and copied as slices (C-level work, no per-step Python loop).
-    Every method: caller holds the tracker's lock."""
+    request's steps are found by bisection (C-level work, no per-step Python loop).
+
+    For the stall finder (``otel_llm.hooks.stalls``), the log also keeps each ended step's gap (its end
+    minus the previous step's end), and the steps by the class of their gap (``size_class``), filled in
+    as requests finish, for every step ended since the last finish: so a request finds its gaps that
+    stand out by looking at the classes above its threshold, not at each of its steps. A step's number
+    (``base`` + its index) does not change when the log is trimmed. Every method: caller holds the
+    tracker's lock."""
 
     def __init__(self, size: int = BATCH_LOG_SIZE) -> None:
         self.size = size
         self.steps: list[BatchStep] = []
         self.ends: list[float] = []
         self.partials: list[BatchStep] = []  # the logged steps that left a running request out (rare)
+        self.partial_numbers: list[int] = []  # their numbers (``base`` + index), for bisection
+        self.partial_members: list[frozenset[Any]] = []  # and which requests each held
+        self.base = 0  # steps trimmed off so far: the number of steps[0]
+        self.gaps: list[float] = []  # gaps[i]: ends[i] - ends[i - 1] (seconds), for the steps indexed so far
+        self.by_class: dict[
+            int, list[int]
+        ] = {}  # gap class -> numbers of the steps with such a gap, in order
+        self.classes: list[int] = []  # the classes in by_class, ascending
+        # A stall's explanation over one step (its number -> what ``stalls`` worked out), shared by every
+        # request held in that step: a batch's requests stall on the same steps.
+        self.explained: dict[int, Any] = {}
 
     def add(
         self,
@@ -120,19 +155,84 @@ class BatchLog:
         # A running request sat this step out (fewer requests than running), or may have: the step holds
         # a request the tracker has not heard of yet (an engine that reports new requests late), so the
         # count proves nothing. Say which ones it held.
-        if requests < running or unknown:
-            step.members = frozenset(scheduled)
-            self.partials.append(step)
         steps, ends = self.steps, self.ends
+        if requests < running or unknown:
+            members = step.members = frozenset(scheduled)
+            self.partials.append(step)
+            self.partial_numbers.append(self.base + len(steps))
+            self.partial_members.append(members)
         if steps and steps[-1].end is None:  # a step with no tokens() call (prefill chunks only)
             steps[-1].end = ends[-1] = max(ts, steps[-1].start)
         steps.append(step)
         ends.append(math.inf)
         if len(steps) > 2 * self.size:  # trim in one go: amortised, a slice deletion per ``size`` steps
-            del steps[: -self.size]
-            del ends[: -self.size]
-            oldest = steps[0].start
-            self.partials = [p for p in self.partials if p.start >= oldest]
+            self._trim(len(steps) - self.size)
+
+    def _trim(self, cut: int) -> None:
+        """Forget the oldest ``cut`` steps, and what was indexed of them."""
+        del self.steps[:cut]
+        del self.ends[:cut]
+        del self.gaps[:cut]
+        self.base = base = self.base + cut
+        kept = bisect_left(self.partial_numbers, base)
+        del self.partials[:kept]
+        del self.partial_numbers[:kept]
+        del self.partial_members[:kept]
+        for size in self.classes:
+            numbers = self.by_class[size]
+            del numbers[: bisect_left(numbers, base)]
+            if not numbers:
+                del self.by_class[size]
+        self.classes = sorted(self.by_class)
+        self.explained = {n: e for n, e in self.explained.items() if n >= base}
+
+    def index(self, upto: int) -> None:
+        """Index the gaps of the steps before index ``upto`` (all ended) not indexed yet: each step once,
+        as the first request that finishes after it needs it, in passes at C speed over those steps and
+        one per class among them. Gaps of at most ``MIN_INDEXED_GAP_S`` are never stalls: not classed."""
+        gaps, ends = self.gaps, self.ends
+        start = len(gaps)
+        if upto <= start:
+            return
+        if start == 0:
+            gaps.append(0.0)  # the oldest step's gap goes back past the log: never a request's gap
+            start = 1
+        new = list(map(sub, ends[start:upto], ends[start - 1 : upto - 1]))
+        gaps.extend(new)
+        numbers = list(
+            compress(range(self.base + start, self.base + upto), map(MIN_INDEXED_GAP_S.__lt__, new))
+        )
+        if not numbers:
+            return
+        # size_class of each, at C speed
+        kept = compress(new, map(MIN_INDEXED_GAP_S.__lt__, new))
+        sizes = list(map(math.floor, map(mul, map(math.log2, kept), repeat(4.0))))
+        by_class = self.by_class
+        for size in set(sizes):
+            found = list(compress(numbers, map(size.__eq__, sizes))) if len(sizes) > 1 else numbers
+            known = by_class.get(size)
+            if known is None:
+                by_class[size] = found
+                self.classes = sorted(by_class)
+            else:
+                known.extend(found)
+
+    def at_least(self, threshold: float, lo: int, hi: int) -> list[int]:
+        """The indexes (in ``steps``) of the steps ``lo`` to ``hi - 1`` whose gap is at least
+        ``threshold`` seconds (more than ``MIN_INDEXED_GAP_S``), in order; indexed up to ``hi``."""
+        self.index(hi)
+        base, gaps = self.base, self.gaps
+        first, last = base + lo, base + hi
+        lowest = size_class(threshold)
+        found: list[int] = []
+        for size in self.classes[bisect_left(self.classes, lowest) :]:
+            numbers = self.by_class[size]
+            part = numbers[bisect_left(numbers, first) : bisect_left(numbers, last)]
+            if size == lowest:  # the class of the threshold itself: its gaps one by one
+                part = [n for n in part if gaps[n - base] >= threshold]
+            found.extend(part)
+        found.sort()
+        return [n - base for n in found]
 
     @staticmethod
     def _classify(
@@ -182,8 +282,19 @@ class BatchLog:
         slices (the partial steps are few)."""
         ends = self.ends
         lo, hi = bisect_right(ends, start), bisect_right(ends, end)
-        partial = [p for p in self.partials if p.end is not None and start < p.end <= end]
-        return self.steps[lo:hi], ends[lo:hi], partial
+        return self.steps[lo:hi], ends[lo:hi], self.partials_in(lo, hi)
+
+    def partials_in(self, lo: int, hi: int) -> list[BatchStep]:
+        """The partial steps among the steps of index ``lo`` to ``hi - 1``: two bisections."""
+        numbers, base = self.partial_numbers, self.base
+        return self.partials[bisect_left(numbers, base + lo) : bisect_left(numbers, base + hi)]
+
+    def all_hold(self, request_id: Any, lo: int, hi: int) -> bool:
+        """Whether every step of index ``lo`` to ``hi - 1`` held ``request_id``: a pass at C speed over
+        the partial steps among them (in a preempting engine, most steps may be partial)."""
+        numbers, base = self.partial_numbers, self.base
+        members = self.partial_members[bisect_left(numbers, base + lo) : bisect_left(numbers, base + hi)]
+        return all(map(frozenset.__contains__, members, repeat(request_id)))
 
     def oldest_start(self) -> float | None:
         """When the oldest logged step began (None: nothing logged)."""

@@ -157,5 +157,6 @@ def plain(window: OpenWindow) -> StepWindow:
             r.composition,
         )
         for r in window.spanned
+        if r.span_id is not None  # always: add() gave each spanned step its id
     )
     return (window.trace_id, window.span_id, window.start, window.end, window.steps, rows)

@@ -439,12 +439,16 @@ class Tracker(InFlight, EngineStateHook):
     # --- handing finished requests on -----------------------------------------------------------------
 
     def _stalls(self, fin: FinishedRequest, batches: BatchLog) -> Stalls:
-        """The request's stalls, from a copy of the batch log's steps between its first and last token
-        (taken under the lock; the engine thread appends while requests finish elsewhere)."""
+        """The request's stalls, under the lock (the engine thread appends while requests finish
+        elsewhere): from the log itself, at a cost per stall; for a request that a step left out, from a
+        copy of the log's steps between its first and last token."""
         first, last = fin.timeline.first_token, fin.last_token
         if first is None or last is None:
             return (), ()
         with self._lock:
+            found = stall_finder.find_logged(fin, batches)
+            if found is not None:
+                return found
             steps, ends, partial = batches.between(first, last)
             log_start = batches.oldest_start()
         return stall_finder.find(fin, steps, ends, partial, log_start)

@@ -34,7 +34,7 @@ def _row(text: str, start: str) -> list[str]:
     return [cell.strip() for cell in rows[0].strip("|").split("|")]
 
 
-def test_vllm_cost_quick_run_reports_six_variants_and_targets(tmp_path) -> None:
+def test_vllm_cost_quick_run_reports_six_variants_and_targets(tmp_path, record_property) -> None:
     output, raw = tmp_path / "vllm.md", tmp_path / "vllm.json"
     proc = subprocess.run(
         [
@@ -54,6 +54,13 @@ def test_vllm_cost_quick_run_reports_six_variants_and_targets(tmp_path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     text = output.read_text()
+    # The regression guard's figure: the frontend ratio of the small workload, printed (with -s or -rP)
+    # and kept in the test report; no timing is asserted, only that it was computed.
+    (ratio,) = [line for line in proc.stderr.splitlines() if "frontend ratio" in line]
+    print(ratio)
+    record_property("frontend_ratio", ratio.split(": ", 1)[1])
+    assert re.search(r"quick (-?\d+\.\d+|n/a) / (-?\d+\.\d+|n/a)$", ratio), ratio
+    assert "at commit " in text and "How busy the machine was: load average" in text
 
     # The variant table: six rows, each with eight figures; the export process's CPU (column 8) is
     # there for the variants with otel-llm, which export through it by default, and zero for the others.

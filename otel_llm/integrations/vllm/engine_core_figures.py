@@ -34,9 +34,14 @@ What is written is text, a line each:
 - a step: ``S <monotonic seconds its scheduling began!r> <requests> <tokens> <recomputing> <ids>``, where
   ``<tokens>`` is ``-`` when every request computes one token (a decode step) or the counts in the ids'
   order, comma-separated, ``<recomputing>`` is ``-`` or the positions of the requests whose tokens are a
-  recompute, and ``<ids>`` the request ids, space-separated. A step line is one join of the ids (C-level)
-  and, per step, one write; a request id with a space in it makes the count disagree, and the step is
-  dropped.
+  recompute, and ``<ids>`` the request ids, space-separated. The frontend also reads ``=`` there, for
+  the same ids in the same order as the step line before it on that connection (a decode batch that
+  did not change: it reuses what it decoded), but the engine core does not write it for now
+  (``SAME_LINES``). A request id with a space in it makes the count disagree, and the step is dropped.
+
+Once connected, the engine core writes its lines to a ring of shared memory it hands the frontend over
+the socket (``step_ring``), not to the socket: a step then costs it no system call. Where the ring
+cannot be made, the socket carries them.
 
 Any local process can connect to an abstract address, so what arrives is parsed strictly (a line that
 does not parse is dropped), a figure is only ever taken by a request the frontend has open, by its id and
@@ -59,6 +64,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from otel_llm.integrations.vllm.compositions import MAX_PENDING_STEPS, Step
+from otel_llm.integrations.vllm.step_ring import RingReader, RingWriter
 
 _log = logging.getLogger(__name__)
 
@@ -71,6 +77,10 @@ MAX_CONNECTIONS = 64  # engine cores one frontend reads from (data-parallel rank
 # After "nobody listens there" (a frontend without otel_llm, or engine cores on another machine), the
 # engine core stops trying that address for this long: one failed syscall per address and interval.
 QUIET_S = 10.0
+# Ring writes between two checks that the frontend still holds its end of the socket (one recv each).
+CHECK_EVERY = 4096
+SAME = "="  # a step line's ids: the same as the step line before it on the connection
+SAME_LINES = False  # whether the engine core writes them (see _send_step)
 
 
 def address(pid: int, client_index: int) -> bytes:
@@ -83,24 +93,60 @@ def encode(figures: Iterable[tuple[str, float, int]]) -> bytes:
     return "".join(f"{ts!r} {cached} {rid}\n" for rid, ts, cached in figures if "\n" not in rid).encode()
 
 
-def encode_step(ts: float, scheduled: Mapping[str, int], total: Any, recompute: list[str] | None) -> bytes:
+def encode_step(
+    ts: float,
+    scheduled: Mapping[str, int],
+    total: Any,
+    recompute: list[str] | None,
+    ids: list[str] | None = None,
+    same: bool = False,
+) -> bytes:
     """One step's line: ``scheduled`` is its ``num_scheduled_tokens`` (request id -> tokens), ``total``
     their sum as vLLM gives it (``total_num_scheduled_tokens``: equal to the count of requests in a decode
-    step, which is then written without counts), ``recompute`` the requests among them that recompute."""
-    ids = list(scheduled)
+    step, which is then written without counts), ``recompute`` the requests among them that recompute.
+    ``ids``: ``list(scheduled)`` when the caller has it; ``same``: they are the previous line's (``=``)."""
+    if ids is None:
+        ids = list(scheduled)
     tokens = "-" if total == len(ids) else ",".join(map(str, scheduled.values()))
     at = "-" if not recompute else ",".join(str(ids.index(rid)) for rid in recompute if rid in scheduled)
-    return f"S {ts!r} {len(ids)} {tokens} {at or '-'} {' '.join(ids)}\n".encode()
+    named = SAME if same else " ".join(ids)
+    return f"S {ts!r} {len(ids)} {tokens} {at or '-'} {named}\n".encode()
 
 
-def _decode_step(line: str) -> Step | None:
+class _Previous:
+    """A connection's last step as decoded: its ids and, for a decode step, its mapping (reused)."""
+
+    __slots__ = ("decode", "ids")
+
+    def __init__(self) -> None:
+        self.ids: list[str] | None = None
+        self.decode: dict[str, int] | None = None
+
+
+def _decode_step(line: str, previous: _Previous | None = None) -> Step | None:
     parts = line.split(" ", 5)
     if len(parts) != 6:
         return None
+    decoded = previous.decode if previous is not None else None
+    if decoded is not None and parts[5] == SAME and parts[3] == "-" and parts[4] == "-":
+        # The common line: the same decode batch as the last one, whose mapping is reused.
+        try:
+            ts, count = float(parts[1]), int(parts[2])
+        except ValueError:
+            return None
+        if ts != ts or count != len(decoded):
+            return None
+        return ts, decoded, None
     try:
         ts, count = float(parts[1]), int(parts[2])
-        ids = parts[5].split(" ")
-        counts = [1] * count if parts[3] == "-" else [int(n) for n in parts[3].split(",")]
+        if parts[5] == SAME:
+            ids = previous.ids if previous is not None else None
+            if ids is None:
+                return None
+        else:
+            ids = parts[5].split(" ")
+        plain = parts[3] == "-"
+        counts = [1] * count if plain else [int(n) for n in parts[3].split(",")]
         at = None if parts[4] == "-" else [int(i) for i in parts[4].split(",")]
     except ValueError:
         return None
@@ -108,17 +154,27 @@ def _decode_step(line: str) -> Step | None:
         return None
     if at is not None and not all(0 <= i < count for i in at):
         return None
-    return ts, dict(zip(ids, counts)), None if at is None else [ids[i] for i in at]
+    recompute = None if at is None else [ids[i] for i in at]
+    if previous is None:
+        return ts, dict(zip(ids, counts)), recompute
+    if plain and parts[5] == SAME and previous.decode is not None:
+        return ts, previous.decode, recompute  # the same decode batch: one mapping, read only by its takers
+    scheduled = dict(zip(ids, counts))
+    previous.ids, previous.decode = ids, scheduled if plain else None
+    return ts, scheduled, recompute
 
 
-def decode(lines: bytes, steps: list[Step] | None = None) -> list[tuple[str, float, int]]:
+def decode(
+    lines: bytes, steps: list[Step] | None = None, previous: _Previous | None = None
+) -> list[tuple[str, float, int]]:
     """The (request id, timestamp, cached tokens) of whole lines; the step lines go to ``steps`` (dropped
-    when it is None); lines that do not parse are dropped."""
+    when it is None); lines that do not parse are dropped. ``previous``: the connection's last step, for
+    a step line that names the same requests (``=``; dropped without it)."""
     found = []
     for line in lines.decode("utf-8", "replace").split("\n"):
         if line.startswith("S "):
-            step = _decode_step(line) if steps is not None else None
-            if step is not None:
+            step = _decode_step(line, previous) if steps is not None else None
+            if step is not None and steps is not None:
                 steps.append(step)
             continue
         parts = line.split(" ", 2)
@@ -141,7 +197,13 @@ class EngineCoreFigures:
         self._parent = os.getppid()  # the process that started this engine core
         self._addresses: dict[int, bytes] = {}  # by client index
         self._connections: dict[bytes, socket.socket] = {}
+        self._rings: dict[bytes, RingWriter] = {}  # the shared-memory ring of a connection, by address
+        self._ring_writes = 0
+        self._ring_of: dict[int, RingWriter] = {}  # the same rings, by client index (a step's fast path)
         self._unsent: dict[bytes, bytes] = {}  # what a full stream did not take yet, by address
+        # The ids of the step line last written to each client (the one frontend case): a step with the
+        # same ids writes ``=`` for them.
+        self._last_ids: dict[int, list[str]] = {}
         self._quiet_until: dict[bytes, float] = {}
         # The client indexes of the requests scheduled so far (``learn``): every step goes to each, since a
         # request's stalls are caused by the whole step, whichever API server its other requests came from.
@@ -178,6 +240,11 @@ class EngineCoreFigures:
         stream's buffer takes some 280 small writes (each costs about 770 bytes of it, whatever it holds):
         an API server whose requests all wait would otherwise fill it, and the figure of its next
         rescheduling would wait behind it, to arrive after the outputs it belongs to."""
+        clients = self.clients
+        if step is not None and not found and len(clients) == 1 and not self._held:
+            self._send_step(next(iter(clients)), step)  # the common step: one frontend, nothing re-admitted
+            return
+        self._last_ids.clear()  # every line below names its requests
         by_client: dict[int, list[tuple[str, float, int]]] = {}
         for rid, ts, cached, client in found:
             by_client.setdefault(client, []).append((rid, ts, cached))
@@ -205,6 +272,33 @@ class EngineCoreFigures:
                 self.lost += len(figures)
                 self.steps_lost += steps
 
+    def _send_step(self, client: int, step: tuple[float, Mapping[str, int], Any, list[str] | None]) -> None:
+        """One step's line to the one frontend, ``=`` for its ids when they are the last line's. Every
+        step of an engine core runs this: a decode batch that did not change, written to the ring, takes
+        the first branch alone."""
+        ts, scheduled, total, recompute = step
+        ids = list(scheduled)
+        # Not written for now (``SAME_LINES``): under `vllm serve` a step went missing with it on, which
+        # replaying the same steps here does not show; the frontend still reads such lines.
+        same = SAME_LINES and ids == self._last_ids.get(client)
+        if same and total == len(ids) and not recompute:
+            line = f"S {ts!r} {total} - - =\n".encode()
+        else:
+            line = encode_step(ts, scheduled, total, recompute, ids, same)
+        ring = self._ring_of.get(client)
+        if ring is not None and (self._ring_writes + 1) % CHECK_EVERY and ring.write(line):
+            self._ring_writes += 1
+            written = True
+        else:
+            written = self._write(client, line)
+        if written:
+            self.steps_sent += 1
+            if not same:
+                self._last_ids[client] = ids
+        else:
+            self.steps_lost += 1
+            self._last_ids.pop(client, None)  # the frontend did not get it: the next line names its ids
+
     def _write(self, client: int, data: bytes) -> bool:
         """Write ``data`` (whole lines) to the frontend of ``client`` without blocking; False: lost."""
         to = self._addresses.get(client)
@@ -213,6 +307,9 @@ class EngineCoreFigures:
         connection = self._connections.get(to) or self._connect(to)
         if connection is None:
             return False
+        ring = self._rings.get(to) if self._rings else None
+        if ring is not None:
+            return self._write_ring(to, connection, ring, data)
         if self._unsent:
             data = self._unsent.pop(to, b"") + data
         try:
@@ -233,6 +330,29 @@ class EngineCoreFigures:
         self._warn("the frontend reads too slowly")
         return False
 
+    def _write_ring(self, to: bytes, connection: socket.socket, ring: RingWriter, data: bytes) -> bool:
+        written = ring.write(data)
+        if written:
+            self._ring_writes += 1
+            if self._ring_writes % CHECK_EVERY or _alive(connection):
+                return True
+        elif written is False and _alive(connection):  # no room: the frontend reads too slowly
+            self._warn("the frontend reads too slowly")
+            return False
+        # The frontend closed its end (or went away): what was written is lost; connect again next time.
+        self._drop(to)
+        return False
+
+    def _drop(self, to: bytes) -> None:
+        ring = self._rings.pop(to, None)
+        if ring is not None:
+            ring.close()
+            self._ring_of = {c: r for c, r in self._ring_of.items() if r is not ring}
+        connection = self._connections.pop(to, None)
+        if connection is not None:
+            connection.close()
+        self._unsent.pop(to, None)
+
     def _connect(self, to: bytes) -> socket.socket | None:
         if self._quiet_until and self._quiet_until.get(to, 0.0) > time.monotonic():
             return None
@@ -249,6 +369,11 @@ class EngineCoreFigures:
                 self._warn(str(exc))
             return None
         self._connections[to] = connection
+        self._last_ids.clear()  # a new connection: its first step line names its requests
+        ring = RingWriter.offer(connection)
+        if ring is not None:
+            self._rings[to] = ring
+            self._ring_of = {c: self._rings[a] for c, a in self._addresses.items() if a in self._rings}
         return connection
 
     def _warn(self, why: str) -> None:
@@ -263,6 +388,16 @@ class EngineCoreFigures:
         if held is None:
             held = self._held[client] = deque(maxlen=MAX_PENDING_STEPS)
         held.append(line)
+
+
+def _alive(connection: socket.socket) -> bool:
+    """Whether the frontend still holds its end of ``connection`` (one recv that does not wait)."""
+    try:
+        return connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+    except (BlockingIOError, InterruptedError):
+        return True
+    except OSError:
+        return False
 
 
 _CLIENT = operator.attrgetter("client_index")
@@ -295,6 +430,8 @@ class FrontendFigures:
             raise
         self._listener.setblocking(False)
         self._readers: dict[socket.socket, bytes] = {}  # connection -> its partial last line
+        self._rings: dict[socket.socket, RingReader] = {}  # connection -> the ring its engine core sent
+        self._previous: dict[socket.socket, _Previous] = {}  # connection -> its last step line
         self._poll = select.poll()  # the listener and every reader, for a read's one system call
         self._poll.register(self._listener, select.POLLIN)
         self._by_fd: dict[int, socket.socket] = {self._listener.fileno(): self._listener}
@@ -310,15 +447,20 @@ class FrontendFigures:
         One ``poll`` with no timeout says which connections have data and whether an engine core is
         waiting to connect: this runs as each batch of outputs arrives, and a read that finds nothing
         costs that one system call (no accept or recv that fails with an exception). ``poll``, not
-        ``select``: an API server's descriptors may be numbered past ``select``'s 1024."""
-        listener, readers = self._listener, self._readers
+        ``select``: an API server's descriptors may be numbered past ``select``'s 1024. Then each
+        engine core's ring (``step_ring``), where its lines go once it sent one: a memory read each."""
+        listener, readers, rings = self._listener, self._readers, self._rings
         events = self._poll.poll(0)
         if not events:
-            return []
+            if not rings:
+                return []
+            if len(rings) == 1:  # the usual case: one engine core, nothing on its socket
+                return self._read_one_ring()
         by_fd = self._by_fd
         ready = [by_fd[fd] for fd, _ in events if fd in by_fd]
         found: list[tuple[str, float, int]] = []
         steps: list[Step] = []
+        closed_ones: list[socket.socket] = []
         if listener in ready:
             while len(readers) < MAX_CONNECTIONS:
                 try:
@@ -327,6 +469,7 @@ class FrontendFigures:
                     break
                 connection.setblocking(False)
                 readers[connection] = b""
+                self._previous[connection] = _Previous()
                 by_fd[connection.fileno()] = connection
                 self._poll.register(connection, select.POLLIN)
                 ready.append(connection)  # it may have written already
@@ -336,12 +479,18 @@ class FrontendFigures:
             data, closed = readers[connection], False
             while True:
                 try:
-                    chunk = connection.recv(CHUNK)
+                    chunk, fds, _, _ = socket.recv_fds(connection, CHUNK, 1)
                 except (BlockingIOError, InterruptedError):
                     break
                 except OSError:
                     closed = True
                     break
+                for fd in fds:  # the engine core's ring: its lines come there from now on
+                    ring = RingReader.accept(fd)
+                    if ring is not None and connection not in rings:
+                        rings[connection] = ring
+                    elif ring is not None:
+                        ring.close()
                 if not chunk:
                     closed = True
                     break
@@ -350,21 +499,51 @@ class FrontendFigures:
                     break  # all there was: no second recv to find the queue empty
             whole, _, partial = data.rpartition(b"\n")
             if whole:
-                found.extend(decode(whole, steps))
+                found.extend(decode(whole, steps, self._previous[connection]))
             if closed:
-                self._forget(connection)
+                closed_ones.append(connection)
             else:
                 self._readers[connection] = partial[-MAX_UNSENT:]
+        for connection, ring in list(rings.items()):  # after the socket: its bytes came first
+            taken = ring.take()
+            if taken is None:  # not a ring our engine cores write
+                ring.close()
+                del rings[connection]
+            elif taken:
+                found.extend(decode(taken.rpartition(b"\n")[0], steps, self._previous[connection]))
+        for connection in closed_ones:
+            self._forget(connection)
         self.received += len(found)
         if steps:
             # Several engine cores (data-parallel ranks) each write in order; the frontend needs one order.
             self._steps.extend(sorted(steps, key=_step_time) if len(self._readers) > 1 else steps)
         return found
 
+    def _read_one_ring(self) -> list[tuple[str, float, int]]:
+        """``drain`` where the only connection is one engine core's, with its ring, and no socket has
+        anything: that ring's new lines alone."""
+        ((connection, ring),) = self._rings.items()
+        taken = ring.take()
+        if not taken:
+            if taken is None:  # not a ring our engine cores write
+                ring.close()
+                del self._rings[connection]
+            return []
+        steps: list[Step] = []
+        found = decode(taken.rpartition(b"\n")[0], steps, self._previous[connection])
+        self.received += len(found)
+        if steps:
+            self._steps.extend(steps)
+        return found
+
     def _forget(self, connection: socket.socket) -> None:
         self._by_fd.pop(connection.fileno(), None)
         with contextlib.suppress(KeyError, ValueError):  # never registered, or its descriptor gone
             self._poll.unregister(connection)
+        ring = self._rings.pop(connection, None)
+        if ring is not None:
+            ring.close()
+        self._previous.pop(connection, None)
         connection.close()
         del self._readers[connection]
 
@@ -378,9 +557,12 @@ class FrontendFigures:
         return taken
 
     def close(self) -> None:
+        for ring in self._rings.values():
+            ring.close()  # tells the engine core
         for connection in self._readers:
             connection.close()
         self._readers, self._by_fd, self._poll = {}, {}, select.poll()  # a later drain finds nothing
+        self._rings, self._previous = {}, {}
         self._listener.close()
 
 
