@@ -55,9 +55,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks import engine_core_figures, vllm_report, vllm_startup
+from benchmarks import engine_core_figures, machine, vllm_figures, vllm_report, vllm_startup
+from benchmarks.hand_written import with_hand_written_tail
 from benchmarks.vllm_fleet import ENGINE_PYTHON, ENGINE_VENV, REPO, run_workload
-from benchmarks.vllm_setups import QUICK_WORKLOADS, WORKLOADS
+from benchmarks.vllm_setups import OTEL_PHASES, OTEL_REQUEST, QUICK_WORKLOADS, WORKLOADS
 
 try:  # written beside this benchmark; absent in checkouts that predate it
     from benchmarks import vllm_adapter_cost
@@ -76,6 +77,7 @@ def measure(quick: bool, rounds: int | None = None, adapter_baseline: str | None
     instead of each workload's own (a short check of the whole run); ``adapter_baseline``: a git
     revision whose vLLM adapter the adapter section replays beside the current one."""
     started = time.monotonic()
+    load_start = machine.load()
     workloads = QUICK_WORKLOADS if quick else WORKLOADS
     if rounds is not None:
         workloads = tuple(
@@ -107,22 +109,89 @@ def measure(quick: bool, rounds: int | None = None, adapter_baseline: str | None
                 f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             )
     results["minutes"] = (time.monotonic() - started) / 60
+    results["commit"] = machine.commit()
+    results["load"] = [load_start, machine.load()]
     return results
 
 
+def frontend_ratios(results: dict[str, Any]) -> str:
+    """One line: each workload's added frontend CPU ÷ vLLM tracing's added, phases and detail request
+    (the regression guard's figure, printed by the quick run)."""
+    parts = []
+    for result in results["workloads"]:
+        values = [vllm_figures.added_ratio(result, v) for v in (OTEL_PHASES, OTEL_REQUEST)]
+        text = " / ".join("n/a" if v is None else f"{v:.2f}" for v in values)
+        parts.append(f"{result['workload']['name']} {text}")
+    return "frontend ratio (otel-llm's added CPU ÷ vLLM tracing's added; phases / request): " + ", ".join(
+        parts
+    )
+
+
+# Issue 44's bisection of the per-step path, workload (a): kept here, as runs of other commits.
+# Issue 44's bisection of the per-step path, workload (a): two earlier runs (a557d8d, this file's run
+# before; main before issue 44), each feature's ms per 1,000 tokens, and this run's beside them.
+HISTORY_ROWS = (
+    # (label, FEATURES index or None for the total, a557d8d, main before issue 44)
+    ("`add_request`", 0, "0.18", "0.09 (8.7 µs)"),
+    ("`process_outputs`: the outputs' replay", 1, "3.65", "2.05 (13.5 µs)"),
+    ("the socket read (the engine core's step lines)", 2, "—", "4.23 (27.8 µs)"),
+    ("`batch()` (each step to the trackers)", 3, "—", "1.20 (7.8 µs)"),
+    ("settle", 4, "0.80, finish included", "0.23 (1.5 µs)"),
+    ("finish (the record, its stalls found)", 5, "—", "3.29 (316 µs)"),
+    ("engine state (`engine_stats`)", 6, "1.38", "0.62 (4.0 µs)"),
+    ("all of otel-llm's entry points", None, "6.01", "11.71"),
+)
+HISTORY_RATIOS = ("0.32 / 0.26", "0.75 / 0.75")  # added ÷ vLLM tracing's added, phases / request
+
+
+def feature_history(results: dict[str, Any]) -> list[str]:
+    """The bisection table of workload (a): the two earlier runs, then this run's figures."""
+    if not results["workloads"]:
+        return []
+    first = results["workloads"][0]
+    cells = vllm_report.feature_cells(first)
+    ratios = [vllm_figures.added_ratio(first, v) for v in (OTEL_PHASES, OTEL_REQUEST)]
+    lines = [
+        "Workload (a), the phases variant's frontend CPU by feature, ms per 1,000 output tokens (µs per",
+        "call), from the profile rounds of three runs on the same 2-core machine with other jobs beside it.",
+        "The ratios moved with the load, so compare the features' CPU, not the ratios across runs. At",
+        "a557d8d the socket read and `batch()` did not exist, and the finish was inside settle.",
+        "",
+        "| feature | a557d8d (this file's run before) | main before issue 44 (88a397c and the next commits) "
+        "| this run |",
+        "|---|---|---|---|",
+    ]
+    for label, index, old, main in HISTORY_ROWS:
+        now = cells[index] if index is not None and cells else f"{vllm_report.entry_points_total(first):.2f}"
+        lines.append(f"| {label} | {old} | {main} | {now} |")
+    now_ratios = " / ".join("n/a" if r is None else f"{r:.2f}" for r in ratios)
+    lines += [
+        "| added frontend CPU ÷ vLLM tracing's added, phases / request "
+        f"| {HISTORY_RATIOS[0]} | {HISTORY_RATIOS[1]} | {now_ratios} |",
+        "",
+        *HISTORY_TEXT,
+    ]
+    return lines
+
+
+HISTORY_TEXT = [
+    "Where the added CPU went: the socket read of the engine core's step lines (a `recv` and a parse of",
+    "every id, every step) and the finish, whose stall finder walked every step of the request and every",
+    "partial step of the log; then `batch()`, every step. Issue 44 cut both: the engine core's lines",
+    "come through a ring of shared memory (no `recv`), and the stall finder works from the log's gap",
+    "index, at a cost per stall.",
+]
+
 # What stands between a missed row and its target, from the sections below; kept under the table.
 WHY_ROWS_MISS = [
-    "Where a row misses, what stands in the way (see the sections below). The ratios: with the export",
-    "process, finishing a request costs the frontend a record and a few µs; building and encoding the",
-    "spans is the export process's CPU, reported in its own column and in the row beside the ratios.",
-    "What otel-llm still adds to the frontend is now the adapter's per-step path, not finishing: in the",
-    "breakdowns, `process_outputs: outputs`, `settle` and `engine_stats` together are most of the added",
-    "CPU of (a) and (b) and two thirds of (c)'s, where `add_request` (the request's ids and attributes at",
-    "`queued`) is most of the rest. A ratio of 0.15 asks the per-step path to cost about half of what it",
-    "does: fewer fields read per output, and the engine state reported on the stats interval rather",
-    "than every step (which its per-step gauges and histogram need today). The adapter's row: a steady",
-    "batch of 24 still reads four fields of every output to check the batch is plain, passes the ids to",
-    "the tracker's steady `tokens()` (about 2 µs) and reports the engine state (about 2 µs).",
+    "Where a row misses, what stands in the way. The frontend ratios: what otel-llm adds is its per-step",
+    "path, 6.6 ms per 1,000 tokens in (a) (11.7 before issue 44). Of it, the outputs' replay is 1.7, the",
+    "read of the engine core's lines 2.6 (the `poll`, the hand-over of each step to the adapters and a",
+    "parse of its ids), `batch()` 0.9, the finishes 0.7 and the engine state 0.6 (the tables by feature",
+    "below). vLLM tracing adds 13 ms in (a), so a ratio of 0.3 asks for about 4 ms: the read and",
+    "`batch()` are where the rest is. The machine's load moves vLLM tracing's own figure by a third",
+    "between runs, and one variant's rounds now and then by more (tight's phases here), so each ratio is",
+    "also given for the even and the odd rounds apart.",
 ]
 
 
@@ -139,13 +208,27 @@ def report(results: dict[str, Any]) -> str:
         "machines, which other jobs share: compare the variants of one run, not runs. Each variant is its",
         "own long-lived process (frontend, engine core, model runner); rounds are interleaved and the idle",
         "variants stopped; span flush is inside each round; CPU is per 1,000 output tokens.",
-        f"This run took {results.get('minutes', 0):.0f} minutes.",
+        f"This run took {results.get('minutes', 0):.0f} minutes, at commit "
+        f"{results.get('commit', 'unknown')}. "
+        + (
+            f"How busy the machine was: {results['load'][0]} at the start, {results['load'][1]} at the end."
+            if "load" in results
+            else ""
+        ),
         "",
-        "## Targets (issues 24 and 28, side by side in one run)",
+        "## Targets (issue 44, side by side in one run)",
         "",
         *vllm_report.targets_lines(rows),
         "",
         *WHY_ROWS_MISS,
+        "",
+        "## Where the frontend's added CPU goes, by feature",
+        "",
+        *feature_history(results),
+        "",
+        "This run, the phases variant's profile rounds, ms of CPU per 1,000 output tokens (µs per call):",
+        "",
+        *vllm_report.feature_lines(workloads),
         "",
         "## Frontend CPU on the real engine",
         "",
@@ -195,12 +278,20 @@ def main(argv: list[str] | None = None) -> int:
     results = measure(args.quick, args.rounds, args.adapter_baseline)
     text = report(results)
     print(text)
+    print(f"vllm_cost: {frontend_ratios(results)}", file=sys.stderr)
     output = args.output or (None if args.quick or args.rounds else REPO / "BENCHMARKS-vllm.md")
     if output is not None:
-        output.write_text(text)
+        write_report(text, output)
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=1))
     return 1 if results["failed"] else 0
+
+
+def write_report(text: str, output: Path) -> None:
+    """Write the report over ``output``, keeping its hand-written end (below ``hand_written.MARKER``):
+    figures measured by other means, such as the router tier's, that a run of this benchmark cannot
+    redo."""
+    output.write_text(with_hand_written_tail(text, output), encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -51,3 +51,23 @@ def test_the_committed_report_has_its_hand_written_section_below_the_marker() ->
     assert text.count(MARKER) == 1
     # docs/hooks.md, docs/telemetry.md, docs/operations.md and docs/configuration.md link to it by name
     assert "## Read per step and per request" in text.split(MARKER, 1)[1]
+
+
+def test_the_vllm_report_keeps_its_hand_written_end_too(tmp_path: Path) -> None:
+    """BENCHMARKS-vllm.md is written whole by benchmarks.vllm_cost (which needs the vLLM engine
+    virtualenv to measure); its writer is called here on a generated text, as the benchmark calls it."""
+    from benchmarks.vllm_cost import write_report as write_vllm_report
+
+    report = tmp_path / "BENCHMARKS-vllm.md"
+    report.write_text(f"# vLLM\n\nan old ratio\n\n{TAIL}", encoding="utf-8")
+    write_vllm_report("# vLLM\n\na new ratio\n", report)
+    text = report.read_text(encoding="utf-8")
+    assert "an old ratio" not in text and "a new ratio" in text
+    assert text.endswith(TAIL) and text.count(MARKER) == 1
+
+
+def test_the_committed_vllm_report_has_the_router_hop_below_the_marker() -> None:
+    text = (ROOT / "BENCHMARKS-vllm.md").read_text(encoding="utf-8")
+    assert text.count(MARKER) == 1
+    # docs/fleet.md, "What the router hop costs", links to it by name
+    assert "## The router hop, measured by hand" in text.split(MARKER, 1)[1]
