@@ -108,32 +108,23 @@ class TestedRange:
         strict = check == CHECK_STRICT
         if (self.engine, version) not in _said:
             _said.add((self.engine, version))
-            if strict:
-                log.warning(
-                    "otel_llm: %s %s (%s) is outside the releases otel-llm is tested on (%s %s): "
-                    "not instrumented, as %s=%s asks; unset it to instrument it anyway",
-                    self.engine,
-                    version,
-                    name,
-                    name,
-                    self.text,
-                    ENV_VERSION_CHECK,
-                    CHECK_STRICT,
-                )
-            else:
-                log.warning(
-                    "otel_llm: %s %s (%s) is outside the releases otel-llm is tested on (%s %s): "
-                    "instrumented anyway; a wrapper that fails is counted and said, and stops the "
-                    "integration where later telemetry would be incomplete. %s=%s instruments nothing "
-                    "outside the range",
-                    self.engine,
-                    version,
-                    name,
-                    name,
-                    self.text,
-                    ENV_VERSION_CHECK,
-                    CHECK_STRICT,
-                )
+            then = (
+                "not instrumented, as %s=%s asks; unset it to instrument it anyway"
+                if strict
+                else "instrumented anyway; a wrapper that fails is counted and said, and stops the "
+                "integration where later telemetry would be incomplete. %s=%s instruments nothing "
+                "outside the range"
+            )
+            log.warning(
+                "otel_llm: %s %s (%s) is outside the releases otel-llm is tested on (%s %s): " + then,
+                self.engine,
+                version,
+                name,
+                name,
+                self.text,
+                ENV_VERSION_CHECK,
+                CHECK_STRICT,
+            )
         return not strict
 
 
