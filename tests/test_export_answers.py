@@ -118,3 +118,37 @@ def test_configure_warns_of_a_signal_path_in_the_generic_endpoint(env, caplog) -
     ]
     assert len(said) == 1 and f"OTEL_EXPORTER_OTLP_ENDPOINT={base} " in said[0], said
     assert "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT=" in said[0], said
+
+
+def test_a_deadline_after_failed_connects_is_no_answer() -> None:
+    """On a busy machine gRPC can spend an export's whole deadline retrying a refused connection and
+    then report DEADLINE_EXCEEDED: nobody ever took the connection, so it is not "timed out" (a
+    collector too slow to answer). A deadline with no failed connect before it stays timed out.
+
+    Real gRPC calls through the stub wrapper the exporters get: one to a closed port (refused), one
+    to a receiver that never answers (its deadline passes)."""
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+    from otel_llm.export import answers
+
+    hole = GrpcReceiver(mode=Mode.BLACK_HOLE)
+    hole.start()
+    try:
+        book = answers.Answers()
+
+        def call(port: int) -> None:
+            with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+                stub = answers._NotingStub(trace_service_pb2_grpc.TraceServiceStub(channel), book)
+                with pytest.raises(grpc.RpcError):
+                    stub.Export(trace_service_pb2.ExportTraceServiceRequest(), timeout=0.5)
+
+        book.begin()
+        call(closed_port())
+        call(hole.port)
+        after_refusals = book.reason()
+        book.begin()
+        call(hole.port)
+        alone = book.reason()
+    finally:
+        hole.stop()
+    assert (after_refusals, alone) == (None, answers.TIMED_OUT)

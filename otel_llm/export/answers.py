@@ -74,8 +74,17 @@ class Answers:
     def begin(self) -> None:
         """An export starts on this thread: forget the previous one's answers."""
         self._local.reason = None
+        self._local.unreached = False
 
-    def note(self, reason: str | None) -> None:
+    def note(self, reason: str | None, unreached: bool = False) -> None:
+        """One attempt's outcome. ``unreached``: it could not connect at all. An export whose deadline
+        passed after such attempts (gRPC's DEADLINE_EXCEEDED while it retries the connection, as it
+        does on a busy machine) never reached a collector either: that is no answer (None), not a
+        collector that was too slow."""
+        if unreached:
+            self._local.unreached = True
+        elif reason == TIMED_OUT and getattr(self._local, "unreached", False):
+            reason = None
         self._local.reason = reason
 
     def reason(self) -> str | None:
@@ -150,7 +159,9 @@ class _NotingStub:
         except grpc.RpcError as error:
             code = error.code() if hasattr(error, "code") else None
             details = (error.details() if hasattr(error, "details") else "") or ""
-            self._answers.note(grpc_reason(getattr(code, "name", ""), details))
+            name = getattr(code, "name", "")
+            unreached = name == "UNAVAILABLE" and "connect" in details.lower()
+            self._answers.note(grpc_reason(name, details), unreached)
             raise
         self._answers.note(None)
         return answer
