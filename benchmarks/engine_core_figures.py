@@ -30,7 +30,8 @@ from typing import Any
 from benchmarks.timing import compare
 from otel_llm.integrations.faults import Faults
 from otel_llm.integrations.vllm.engine_core import read_each_step
-from otel_llm.integrations.vllm.engine_core_figures import EngineCoreFigures, FrontendFigures
+from otel_llm.integrations.vllm.engine_core_figures import EngineCoreFigures
+from otel_llm.integrations.vllm.frontend_figures import FrontendFigures
 from otel_llm.integrations.vllm.state import IntegrationState, log
 
 STEPS = 2000  # schedule() calls per round

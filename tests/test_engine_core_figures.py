@@ -18,14 +18,9 @@ from types import SimpleNamespace
 import pytest
 
 from otel_llm.integrations.vllm.compositions import MAX_PENDING_STEPS
-from otel_llm.integrations.vllm.engine_core_figures import (
-    EngineCoreFigures,
-    FrontendFigures,
-    address,
-    decode,
-    encode,
-    encode_step,
-)
+from otel_llm.integrations.vllm.engine_core_figures import EngineCoreFigures
+from otel_llm.integrations.vllm.figure_lines import address, decode, encode, encode_step
+from otel_llm.integrations.vllm.frontend_figures import FrontendFigures
 from otel_llm.integrations.vllm.rescheduling import Reschedulings
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract Unix sockets: Linux")

@@ -15,7 +15,9 @@ import pytest
 
 from otel_llm.integrations.vllm import engine_core_figures, step_ring
 from otel_llm.integrations.vllm.compositions import MAX_PENDING_STEPS
-from otel_llm.integrations.vllm.engine_core_figures import EngineCoreFigures, FrontendFigures, address
+from otel_llm.integrations.vllm.engine_core_figures import EngineCoreFigures
+from otel_llm.integrations.vllm.figure_lines import address
+from otel_llm.integrations.vllm.frontend_figures import FrontendFigures
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="memfd and abstract sockets: Linux"

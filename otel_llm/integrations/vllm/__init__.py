@@ -27,8 +27,9 @@ rides in the ``kv_transfer_params`` it returns, which the caller forwards (see `
 
 from __future__ import annotations
 
-from otel_llm.integrations.vllm.adapter import VLLMAdapter, finish_reason_name, wall_to_monotonic
+from otel_llm.integrations.vllm.adapter import VLLMAdapter
 from otel_llm.integrations.vllm.instrumentor import VLLMInstrumentor
+from otel_llm.integrations.vllm.reading import finish_reason_name, wall_to_monotonic
 
 __all__ = ["VLLMAdapter", "VLLMInstrumentor", "finish_reason_name", "register", "wall_to_monotonic"]
 

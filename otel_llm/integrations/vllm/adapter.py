@@ -19,7 +19,11 @@ from the engine core in this process or sent from its own, goes to the trackers'
 step's outputs arrive (``compositions``), so the trackers explain stalls.
 
 Nothing here imports vLLM: outputs and requests are read by attribute name, enum members by name, so a
-vLLM build that renumbers its enums keeps working.
+vLLM build that renumbers its enums keeps working (``reading``).
+
+Where the parts are: this module turns the frontend's calls into tracker calls; each request's life, from
+registration through its events to its end, is ``followed`` (with ``choice_groups`` for ``n > 1`` and
+``handoffs`` for disaggregated prefill); a step's ``engine_state()`` call is ``step_report``.
 """
 
 from __future__ import annotations
@@ -30,89 +34,33 @@ from collections.abc import Callable, Container, Iterable, Mapping
 from operator import attrgetter
 from typing import Any
 
-from opentelemetry import context as otel_context
-
 from otel_llm import semconv as sc
-from otel_llm.hooks.options import DEFAULT_MAX_AGE_S, DEFAULT_MAX_IN_FLIGHT
 from otel_llm.integrations.vllm import disaggregated as pd
-from otel_llm.integrations.vllm.choices import Choices
 from otel_llm.integrations.vllm.compositions import Compositions
 from otel_llm.integrations.vllm.engine_state import (
     cached_prompt_tokens,
     computed_prompt_tokens,
     prompt_sources,
-    state_of,
 )
-from otel_llm.integrations.vllm.identity import RequestIdentity, identify
+from otel_llm.integrations.vllm.followed import FollowedRequests, Pending, PendingEvents
+from otel_llm.integrations.vllm.identity import identify
+from otel_llm.integrations.vllm.reading import (
+    choice_count,
+    finish_reason_name,
+    prompt_length,
+    wall_to_monotonic,
+)
 from otel_llm.integrations.vllm.rescheduling import Reschedulings
+from otel_llm.integrations.vllm.step_report import add_prompt, report_step
 
 _log = logging.getLogger(__name__)
 
 _REQUEST_ID = attrgetter("request_id")
 
-# vLLM's FinishReason member names -> our finish reasons; other members are kept, lower-cased
-# (vLLM 0.33 also has REPETITION).
-_FINISH_REASONS = {
-    "STOP": sc.REASON_STOP,
-    "LENGTH": sc.REASON_LENGTH,
-    "ABORT": sc.REASON_ABORT,
-    "ERROR": sc.REASON_ERROR,
-}
-
-
-def finish_reason_name(reason: Any) -> str:
-    """Our finish reason for a vLLM ``FinishReason`` (an IntEnum whose STOP is 0, hence falsy)."""
-    name = getattr(reason, "name", None)
-    if not isinstance(name, str):
-        return str(reason).lower()
-    return _FINISH_REASONS.get(name, name.lower())
-
-
-def wall_to_monotonic(wall_ts: float) -> float:
-    """Convert a ``time.time()`` value (vLLM's ``arrival_time``) to the ``time.monotonic()`` clock."""
-    return wall_ts - (time.time() - time.monotonic())
-
-
-def prompt_length(request: Any) -> int | None:
-    """Number of prompt tokens of an ``EngineCoreRequest`` (token ids or prompt embeddings)."""
-    token_ids = getattr(request, "prompt_token_ids", None)
-    if token_ids is not None:
-        return len(token_ids)
-    embeds = getattr(request, "prompt_embeds", None)
-    shape = getattr(embeds, "shape", None)
-    return int(shape[0]) if shape else None
-
-
-class _Pending:
-    """A request registered with the frontend whose QUEUED event has not arrived yet."""
-
-    __slots__ = ("added", "arrival", "carrier", "choices", "identity", "prompt_tokens", "tracker")
-
-    def __init__(
-        self,
-        arrival: float | None,
-        prompt_tokens: int | None,
-        carrier: Mapping[str, str] | None,
-        identity: RequestIdentity,
-        tracker: Any,
-        choices: Choices | None,
-    ) -> None:
-        self.added = time.monotonic()  # when the frontend registered it (monotonic seconds)
-        self.arrival = arrival  # monotonic seconds, or None when vLLM gave no arrival time
-        self.prompt_tokens = prompt_tokens
-        self.carrier = carrier
-        self.identity = identity
-        self.tracker = tracker
-        self.choices = choices
-
-
 TrackerFor = Callable[..., Any]
 """``tracker_for(model, operation)``: the RequestTracker for requests of that model and endpoint;
 ``tracker_for(model, operation, role)`` for a disaggregated request's part (``prefill`` / ``decode``),
 whose tracker has that role (see ``disaggregated``)."""
-
-PendingEvents = Callable[[str], Iterable[Any] | None]
-"""``pending_events(request_id)``: engine-core events of a request not delivered yet, or None."""
 
 
 class VLLMAdapter:
@@ -137,20 +85,19 @@ class VLLMAdapter:
         in this process or sent from its own (None: not known)."""
         self._tracker_for = tracker_for
         self.model = model
-        self._reschedulings = reschedulings
-        self._pending: dict[str, _Pending] = {}  # insertion order: oldest first
-        self._live: dict[str, Any] = {}  # queued with a tracker, not finished: request id -> tracker
-        self._choices: dict[str, Choices] = {}  # by vLLM's parent request id, while choices run
-        self._choice_of: dict[str, Choices] = {}  # child request id -> its parent's Choices
+        # The requests followed, from registration to their end (``followed``). What of it every batch
+        # reads is kept here too (the same objects), so the hot path reads it without a hop.
+        self._requests = FollowedRequests(reschedulings)
+        self._pending = self._requests.pending
+        self._live = self._requests.live
+        self._trackers = self._requests.trackers
+        self._handoffs = self._requests.handoffs
         self._warned_no_events = False
-        # Requests whose PREEMPTED event was replayed and whose next SCHEDULED (their rescheduling) not yet.
-        self._evicted: set[str] = set()
         # Steps the scheduler scheduled for these requests, until their outputs arrive.
         self._compositions = Compositions()
         # With the engine core in its own process: reads the steps it sent (engine_core_figures) into
         # ``step_scheduled``, called as each batch of outputs arrives. None with the engine core here.
         self.pull_steps: Callable[[], None] | None = None
-        self._engine_tracker: Any = None  # where engine_state() goes: the tracker of the first request
         # Tokens of the engine step being delivered, counted as vLLM's iteration stats count them.
         self._step_outputs = 0
         self._step_tokens = 0
@@ -161,16 +108,6 @@ class VLLMAdapter:
         # How many requests vLLM's frontend held when ``outputs`` began (-1: not a dict, not known):
         # ``settle`` has nothing to do when it holds as many after processing the batch.
         self._open_before = -1
-        # Disaggregated prefill: requests that asked do_remote_decode while they run here, and those
-        # whose carrier went out with their last output (handed off: kv_sent, not finished).
-        self._remote_decode: set[str] = set()
-        self._handing_off: set[str] = set()
-        # The trackers close requests that never finish (max_age_s, max_in_flight); these maps follow
-        # them, so they stay bounded by the same limits.
-        self._trackers: dict[int, Any] = {}  # every tracker requests went to (per model, endpoint, role)
-        self._max_age_s = DEFAULT_MAX_AGE_S
-        self._max_pending = DEFAULT_MAX_IN_FLIGHT
-        self._added = 0
 
     def request_added(
         self,
@@ -191,7 +128,7 @@ class VLLMAdapter:
         arrival = wall_to_monotonic(arrival_wall) if arrival_wall else None
         headers = getattr(request, "trace_headers", None) or caller_headers
         carrier = dict(headers) if headers else None
-        count = _choice_count(parent)
+        count = choice_count(parent)
         identity = identify(request, index if count > 1 else None)
         # A P/D request's part (n > 1 is not split across instances by vLLM's connectors: kept whole).
         params = pd.transfer_params(request) if count == 1 else None
@@ -201,27 +138,19 @@ class VLLMAdapter:
         else:
             tracker = self._tracker_for(self.model, identity.operation, role)
             if role == sc.ROLE_PREFILL:
-                self._remote_decode.add(request_id)
+                self._handoffs.expect(request_id)
             else:  # decode: continue the prefill instance's trace, else the caller's
                 carrier = pd.carrier_in(params) or carrier
         choices = None
         if count > 1:
-            choices = self._choices_of(parent, identity, tracker, arrival, count, carrier)
-            self._choice_of[request_id] = choices
+            choices = self._requests.choices.join(
+                request_id, parent, identity, tracker, arrival, count, carrier, self.model
+            )
             carrier = None  # the choice's parent is the llm.choices span
             arrival = choices.arrival  # one conversion to monotonic for all: children start with it
-        self._pending[request_id] = _Pending(
-            arrival, prompt_length(request), carrier, identity, tracker, choices
+        self._requests.add(
+            request_id, Pending(arrival, prompt_length(request), carrier, identity, tracker, choices)
         )
-        if id(tracker) not in self._trackers:
-            self._trackers[id(tracker)] = tracker
-            if self._engine_tracker is None:
-                self._engine_tracker = tracker
-            self._max_age_s = min(self._max_age_s, float(getattr(tracker, "max_age_s", DEFAULT_MAX_AGE_S)))
-            self._max_pending = min(
-                self._max_pending, int(getattr(tracker, "max_in_flight", DEFAULT_MAX_IN_FLIGHT))
-            )
-        self._prune()
 
     def outputs(
         self, outputs: Iterable[Any], batch_ts: float | None, still_open: Container[str] | None = None
@@ -266,8 +195,8 @@ class VLLMAdapter:
                 if self._compositions:
                     self._report_steps(batch_ts)
                 tracker.tokens(request_ids, ts=batch_ts)
-                if self._remote_decode:
-                    self._hand_off(outputs)
+                if self._handoffs.remote_decode:
+                    self._handoffs.hand_off(outputs, self._live)
                 return
         plain: list[str] = []  # followed, one token, nothing else, all on ``tracker``
         odd: list[Any] | None = None
@@ -308,8 +237,8 @@ class VLLMAdapter:
                 # One token each (no speculative decoding) goes without counts: the tracker's fast path.
                 one_each = counts.count(1) == len(counts)
                 owner.tokens(request_ids, ts=batch_ts, counts=None if one_each else counts)
-        if self._remote_decode:
-            self._hand_off(outputs)
+        if self._handoffs.remote_decode:
+            self._handoffs.hand_off(outputs, self._live)
 
     def _output(
         self,
@@ -328,7 +257,7 @@ class VLLMAdapter:
             self._step_tokens += len(out.new_token_ids) + (computed_prompt_tokens(out) or 0)
             sources = prompt_sources(out)
             if sources is not None:
-                self._count_prompt(sources)
+                self._step_prompt = add_prompt(self._step_prompt, sources)
         if request_id not in self._live and request_id not in self._pending:
             return  # registered before instrumentation, or already finished
         events = out.events
@@ -336,13 +265,13 @@ class VLLMAdapter:
         # vLLMs repeat them on every output: only the first output's go to the first SCHEDULED).
         cached = cached_prompt_tokens(out) if request_id in self._pending else None
         if events:
-            self._replay(request_id, events, cached)
+            self._requests.replay(request_id, events, cached)
         if request_id in self._pending:
             # No QUEUED event: the engine core runs without stats logging. Queue from arrival and
             # schedule at this batch; the prefill/queue split and preemptions are unknown then.
             self._note_no_events()
-            self._open(request_id, None)
-            self._schedule(request_id, batch_ts, cached)
+            self._requests.open(request_id, None)
+            self._requests.schedule(request_id, batch_ts, cached)
         produced = len(out.new_token_ids)
         if produced:
             tracker = self._live[request_id]
@@ -391,46 +320,11 @@ class VLLMAdapter:
         """
         outputs, tokens = self._step_outputs, self._step_tokens
         self._step_outputs = self._step_tokens = 0
-        tracker = self._engine_tracker
-        if tracker is None:
-            self._step_prompt = None
-            return
-        step = tokens if outputs and self._prefill_stats is not False else None
-        if self._step_prompt is None and stats is not None:
-            try:
-                usage, running = stats.kv_cache_usage, stats.num_running_reqs
-                waiting, deferred = stats.num_waiting_reqs, stats.num_skipped_waiting_reqs
-                prefix, spec = stats.prefix_cache_stats, stats.spec_decoding_stats
-            except AttributeError:  # another vLLM's SchedulerStats: the checked path below
-                pass
-            else:
-                if (
-                    usage.__class__ is float
-                    and 0.0 <= usage <= 1.0
-                    and running.__class__ is int
-                    and waiting.__class__ is int
-                    and deferred.__class__ is int
-                    and running >= 0
-                    and waiting >= 0
-                    and deferred >= 0
-                    and spec is None
-                    and (prefix is None or not prefix.queries)
-                ):
-                    tracker.engine_state(
-                        kv_cache_usage=usage, running=running, waiting=waiting + deferred, step_tokens=step
-                    )
-                    return
-        state = state_of(stats) if stats is not None else {}
-        if step is not None:
-            state["step_tokens"] = step
-        if self._step_prompt is not None:
-            computed, cached, transferred = self._step_prompt
-            self._step_prompt = None
-            state["prompt_tokens_computed"] = computed
-            state["prompt_tokens_cached"] = cached
-            state["prompt_tokens_transferred"] = transferred
-        if state:
-            tracker.engine_state(**state)
+        prompt, self._step_prompt = self._step_prompt, None
+        tracker = self._requests.engine_tracker
+        if tracker is not None:
+            step = tokens if outputs and self._prefill_stats is not False else None
+            report_step(tracker, stats, step, prompt)
 
     def settle(self, outputs: Iterable[Any], still_open: Container[str]) -> None:
         """After vLLM processed a batch: finish the requests of ``outputs`` that left ``still_open``.
@@ -454,10 +348,10 @@ class VLLMAdapter:
             else:
                 reason = sc.REASON_STOP
             message = getattr(error, "message", None) if error is not None else None
-            if request_id in self._handing_off:
-                self._sent(request_id, now)
+            if request_id in self._handoffs.handing_off:
+                self._requests.sent(request_id, now)
             else:
-                self._finish(request_id, reason, now, message)
+                self._requests.finish(request_id, reason, now, message)
 
     def abandoned(self, still_open: Container[str], pending_events: PendingEvents | None = None) -> None:
         """After an abort: every request we follow that left ``still_open`` finished with ``abort``.
@@ -466,191 +360,12 @@ class VLLMAdapter:
         when the engine core runs in this process): replayed first, so the trace shows the scheduling,
         prefill and preemptions that happened before the abort.
         """
-        now = time.monotonic()
-        gone = [rid for rid in (*self._pending, *self._live) if rid not in still_open]
-        for request_id in gone:
-            events = pending_events(request_id) if pending_events is not None else None
-            if events:
-                self._replay(request_id, events)
-            if request_id in self._pending:
-                self._open(request_id, None)  # aborted before the engine reported anything: all queue time
-            self._finish(request_id, sc.REASON_ABORT, now, None)
+        self._requests.abandon(still_open, pending_events)
 
     def abandon_all(self, why: str) -> int:
         """Every request followed ends now as ``abandoned``, with ``why`` as its error: the integration
         stops, and no later event of theirs will reach a tracker. Returns how many ended."""
-        now = time.monotonic()
-        ended = 0
-        for request_id in list(self._live):
-            tracker = self._live.pop(request_id)
-            try:
-                tracker.finished(request_id, reason=sc.REASON_ABANDONED, ts=now, error=why)
-                ended += 1
-            finally:
-                self._child_gone(request_id, now)
-        for request_id in list(self._pending):
-            del self._pending[request_id]
-            self._child_gone(request_id, now)
-        self._evicted.clear()
-        self._remote_decode.clear()
-        self._handing_off.clear()
-        return ended
-
-    # --- internals -----------------------------------------------------------------------------------
-
-    def _count_prompt(self, sources: tuple[int, int, int]) -> None:
-        """A request's first output: its prompt tokens by source join the step's (vLLM's split)."""
-        step = self._step_prompt
-        if step is None:
-            self._step_prompt = list(sources)
-        else:
-            for k, n in enumerate(sources):
-                step[k] += n
-
-    def _hand_off(self, outputs: Iterable[Any]) -> None:
-        """Prefill instance: a request that asked ``do_remote_decode`` and finished normally goes on at a
-        decode instance; its carrier joins the ``kv_transfer_params`` vLLM returns to the caller."""
-        for out in outputs:
-            request_id = out.request_id
-            if request_id not in self._remote_decode or out.finish_reason is None:
-                continue
-            tracker = self._live.get(request_id)
-            if tracker is None or getattr(tracker, "role", None) != sc.ROLE_PREFILL:
-                continue  # a ready tracker of another role was given: the trace ends here
-            if finish_reason_name(out.finish_reason) not in (sc.REASON_STOP, sc.REASON_LENGTH):
-                continue  # aborted or failed: no decode instance takes it, it ends here
-            carrier = tracker.handoff_carrier(request_id)
-            if carrier is not None:
-                pd.attach_carrier(out, carrier)
-                self._handing_off.add(request_id)
-
-    def _sent(self, request_id: str, ts: float) -> None:
-        """The prefill instance's part ended: vLLM's frontend saw the request's last output.
-
-        vLLM's engine core learns when the KV cache has left (``KVConnectorOutput.finished_sending``,
-        when it frees the blocks), but sends the frontend nothing then: this is the last moment the
-        frontend sees (for a connector that saves synchronously, such as vLLM's example connector, the
-        KV cache was written within the step that produced the output)."""
-        tracker = self._live.pop(request_id)
-        self._remote_decode.discard(request_id)
-        self._handing_off.discard(request_id)
-        tracker.kv_sent(request_id, ts=ts)
-
-    def _prune(self) -> None:
-        """Forget what the trackers no longer follow: requests they evicted, and registrations whose
-        QUEUED never came within the trackers' maximum age (or beyond their maximum in flight)."""
-        now = time.monotonic()
-        horizon = now - self._max_age_s
-        pending = self._pending
-        while pending:
-            oldest = next(iter(pending))
-            if pending[oldest].added >= horizon and len(pending) <= self._max_pending:
-                break
-            del pending[oldest]
-            self._remote_decode.discard(oldest)
-            self._child_gone(oldest, now)
-        self._added += 1
-        in_flight = sum(getattr(t, "in_flight", 0) for t in self._trackers.values())
-        # More live here than the trackers hold: they evicted some. A tracker shared with other sources
-        # may hold more than this adapter follows, so look through the whole map now and then as well.
-        if len(self._live) > in_flight or self._added % 4096 == 0:
-            gone = [rid for rid, tracker in self._live.items() if rid not in tracker]
-            for rid in gone:
-                del self._live[rid]
-                self._evicted.discard(rid)
-                self._remote_decode.discard(rid)
-                self._handing_off.discard(rid)
-                self._child_gone(rid, now)
-
-    def _child_gone(self, request_id: str, ts: float) -> None:
-        """A choice of an ``n > 1`` request ended without a finish we saw: its parent span may close."""
-        choices = self._choice_of.pop(request_id, None)
-        if choices is not None and choices.child_finished(ts):
-            for parent_id in [k for k, v in self._choices.items() if v is choices]:
-                del self._choices[parent_id]
-
-    def _choices_of(
-        self,
-        parent: Any,
-        identity: RequestIdentity,
-        tracker: Any,
-        arrival: float | None,
-        count: int,
-        carrier: Mapping[str, str] | None,
-    ) -> Choices:
-        parent_id = str(getattr(parent, "request_id", identity.client_id))
-        choices = self._choices.get(parent_id)
-        if choices is None:
-            attributes: dict[str, Any] = {
-                sc.LLM_REQUEST_ID: identity.client_id,
-                sc.VLLM_REQUEST_ID: parent_id,
-                sc.GEN_AI_OPERATION_NAME: identity.operation,
-                sc.GEN_AI_REQUEST_CHOICE_COUNT: count,
-            }
-            if self.model is not None:
-                attributes[sc.GEN_AI_REQUEST_MODEL] = self.model
-            start = arrival if arrival is not None else time.monotonic()
-            choices = self._choices[parent_id] = Choices(tracker, start, count, attributes, carrier)
-        return choices
-
-    def _replay(self, request_id: str, events: Iterable[Any], cached: int | None = None) -> None:
-        # Sorted by timestamp (stable for ties): one output may hold QUEUED, SCHEDULED, PREEMPTED and
-        # the next SCHEDULED of a request that was preempted before it produced anything. ``cached``:
-        # the prefix-cache hits of the request's first scheduling, when this output carries them; a
-        # later SCHEDULED (a rescheduling) gets what the in-process scheduler found cached then, if known.
-        for event in sorted(events, key=_timestamp):
-            kind = getattr(event.type, "name", None)
-            ts = event.timestamp
-            if kind == "QUEUED":
-                if request_id in self._pending:
-                    self._open(request_id, ts)
-                # A later QUEUED (a streaming-input session's next chunk) changes nothing for us.
-                continue
-            if request_id in self._pending:
-                self._open(request_id, ts)  # QUEUED lost: the first event we see stands in for it
-            if kind == "SCHEDULED":
-                if request_id in self._evicted:
-                    self._evicted.discard(request_id)
-                    if cached is None and self._reschedulings is not None:
-                        cached = self._reschedulings.take_rescheduling(request_id, ts)
-                self._schedule(request_id, ts, cached)
-                cached = None  # the first scheduling's figure is that SCHEDULED event's alone
-            elif kind == "PREEMPTED":
-                self._live[request_id].preempted([request_id], ts=ts)
-                self._evicted.add(request_id)
-
-    def _schedule(self, request_id: str, ts: float, cached: int | None) -> None:
-        """SCHEDULED, with the tokens found in the prefix cache when known: the prompt's at the first
-        scheduling, the context's at a rescheduling (the tracker derives what was recomputed)."""
-        if cached is None:
-            self._live[request_id].scheduled([request_id], ts=ts)
-        else:
-            self._live[request_id].scheduled([request_id], ts=ts, cached_tokens=[cached])
-
-    def _open(self, request_id: str, queued_ts: float | None) -> None:
-        pending = self._pending.pop(request_id)
-        ts = queued_ts if queued_ts is not None else pending.arrival
-        arrival = pending.arrival
-        if arrival is not None and ts is not None and arrival > ts:
-            arrival = ts  # wall-to-monotonic conversion jitter must not put arrival after queued
-        identity = pending.identity
-        attributes: dict[str, Any] = {sc.LLM_REQUEST_ID: identity.client_id, sc.VLLM_REQUEST_ID: request_id}
-        if identity.choice is not None:
-            attributes[sc.LLM_CHOICE_INDEX] = identity.choice
-        token = otel_context.attach(pending.choices.context) if pending.choices is not None else None
-        try:
-            pending.tracker.queued(
-                request_id,
-                ts=ts,
-                arrival_ts=arrival,
-                prompt_tokens=pending.prompt_tokens,
-                carrier=pending.carrier,
-                attributes=attributes,
-            )
-        finally:
-            if token is not None:
-                otel_context.detach(token)
-        self._live[request_id] = pending.tracker
+        return self._requests.abandon_all(why)
 
     def parent_headers(self, request_id: str, headers: Mapping[str, str] | None) -> dict[str, str] | None:
         """The W3C headers that put vLLM's own ``llm_request`` span (its ``--otlp-traces-endpoint``
@@ -667,16 +382,7 @@ class VLLMAdapter:
         merged["traceparent"] = traceparent
         return merged
 
-    def _finish(self, request_id: str, reason: str, ts: float, error: str | None) -> None:
-        tracker = self._live.pop(request_id)
-        self._evicted.discard(request_id)
-        if self._reschedulings is not None:
-            self._reschedulings.forget(request_id)
-        if self._remote_decode:
-            self._remote_decode.discard(request_id)
-            self._handing_off.discard(request_id)
-        tracker.finished(request_id, reason=reason, ts=ts, error=error)
-        self._child_gone(request_id, ts)
+    # --- internals -----------------------------------------------------------------------------------
 
     def _note_no_events(self) -> None:
         if not self._warned_no_events:
@@ -687,16 +393,3 @@ class VLLMAdapter:
                 "process did not load the otel_llm plugin that turns them on: unset VLLM_PLUGINS or add "
                 "otel_llm to it (VLLM_PLUGINS=otel_llm,...), or run vLLM with stats logging on."
             )
-
-
-def _choice_count(parent: Any) -> int:
-    """``n`` of a vLLM ``ParentRequest`` (1 when there is no parent)."""
-    if parent is None:
-        return 1
-    params = getattr(parent, "sampling_params", None)
-    n = getattr(params, "n", 1)
-    return n if isinstance(n, int) and n > 1 else 1
-
-
-def _timestamp(event: Any) -> float:
-    return event.timestamp

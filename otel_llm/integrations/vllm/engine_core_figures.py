@@ -8,12 +8,12 @@ too, so there the instrumentor wraps ``Scheduler.schedule`` as it does in proces
 ``schedule()`` result goes to the frontend: a line per rescheduling of a preempted request, and a line per
 step with its ``num_scheduled_tokens`` (the tracker's ``batch()``, for stalls; ``compositions``):
 
-- the frontend (``FrontendFigures``) listens on a Unix stream socket in the abstract namespace named
-  after the process that started the engine cores and its own client index (vLLM's ``client_index``,
-  one per API server): its own pid when its engine client launched them (``LLM``, ``vllm serve``), its
-  parent's when it was handed their addresses (``vllm serve --api-server-count N``, whose API servers and
-  engine cores are children of one launcher);
-- the engine core (``EngineCoreFigures``) connects to its parent's pid and the request's
+- the frontend (``FrontendFigures``, in ``frontend_figures``) listens on a Unix stream socket in the
+  abstract namespace named after the process that started the engine cores and its own client index
+  (vLLM's ``client_index``, one per API server): its own pid when its engine client launched them
+  (``LLM``, ``vllm serve``), its parent's when it was handed their addresses (``vllm serve
+  --api-server-count N``, whose API servers and engine cores are children of one launcher);
+- the engine core (``EngineCoreFigures``, here) connects to its parent's pid and the request's
   ``client_index`` and writes without blocking (what does not fit, beyond a bound, is lost and counted;
   the frontend notices, see below);
 - the frontend reads, without blocking, as each batch of outputs arrives (and when it replays the
@@ -27,17 +27,8 @@ A stream, not datagrams: a Unix datagram socket queues only ``net.unix.max_dgram
 default), which a frontend a few steps behind its engine core would overrun; a stream queues bytes (its
 buffer holds thousands of figures).
 
-What is written is text, a line each:
-
-- a rescheduling: ``<SCHEDULED timestamp!r> <cached tokens> <request id>`` (the timestamp is the engine
-  core's ``time.monotonic()`` value vLLM also puts on the event, so the two match exactly);
-- a step: ``S <monotonic seconds its scheduling began!r> <requests> <tokens> <recomputing> <ids>``, where
-  ``<tokens>`` is ``-`` when every request computes one token (a decode step) or the counts in the ids'
-  order, comma-separated, ``<recomputing>`` is ``-`` or the positions of the requests whose tokens are a
-  recompute, and ``<ids>`` the request ids, space-separated. The frontend also reads ``=`` there, for
-  the same ids in the same order as the step line before it on that connection (a decode batch that
-  did not change: it reuses what it decoded), but the engine core does not write it for now
-  (``SAME_LINES``). A request id with a space in it makes the count disagree, and the step is dropped.
+What is written is text, a line per rescheduling and a line per step (``figure_lines`` has the format
+and the frontend's address).
 
 Once connected, the engine core writes its lines to a ring of shared memory it hands the frontend over
 the socket (``step_ring``), not to the socket: a step then costs it no system call. Where the ring
@@ -50,143 +41,29 @@ that timestamp, and a step only tells the frontend's trackers what an engine ste
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import itertools
 import logging
 import operator
 import os
-import select
 import socket
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from otel_llm.integrations.vllm.compositions import MAX_PENDING_STEPS, Step
-from otel_llm.integrations.vllm.step_ring import RingReader, RingWriter
+from otel_llm.integrations.vllm.compositions import MAX_PENDING_STEPS
+from otel_llm.integrations.vllm.figure_lines import MAX_UNSENT, address, encode, encode_step
+from otel_llm.integrations.vllm.step_ring import RingWriter
 
 _log = logging.getLogger(__name__)
 
-NAME = "otel-llm-vllm-figures-{pid}-{client}"
-CHUNK = 65_536  # bytes read at a time
-# Bytes an engine core keeps for a stream that is full, and the longest line a frontend reads: a step of
-# a few thousand requests with vLLM's ids of about 50 characters is some 200 KB.
-MAX_UNSENT = 1 << 20
-MAX_CONNECTIONS = 64  # engine cores one frontend reads from (data-parallel ranks), at most
 # After "nobody listens there" (a frontend without otel_llm, or engine cores on another machine), the
 # engine core stops trying that address for this long: one failed syscall per address and interval.
 QUIET_S = 10.0
 # Ring writes between two checks that the frontend still holds its end of the socket (one recv each).
 CHECK_EVERY = 4096
-SAME = "="  # a step line's ids: the same as the step line before it on the connection
-SAME_LINES = False  # whether the engine core writes them (see _send_step)
-
-
-def address(pid: int, client_index: int) -> bytes:
-    """The abstract-namespace address of the frontend with this client index under this pid."""
-    return b"\0" + NAME.format(pid=pid, client=client_index).encode()
-
-
-def encode(figures: Iterable[tuple[str, float, int]]) -> bytes:
-    """A line per (request id, SCHEDULED timestamp, cached tokens)."""
-    return "".join(f"{ts!r} {cached} {rid}\n" for rid, ts, cached in figures if "\n" not in rid).encode()
-
-
-def encode_step(
-    ts: float,
-    scheduled: Mapping[str, int],
-    total: Any,
-    recompute: list[str] | None,
-    ids: list[str] | None = None,
-    same: bool = False,
-) -> bytes:
-    """One step's line: ``scheduled`` is its ``num_scheduled_tokens`` (request id -> tokens), ``total``
-    their sum as vLLM gives it (``total_num_scheduled_tokens``: equal to the count of requests in a decode
-    step, which is then written without counts), ``recompute`` the requests among them that recompute.
-    ``ids``: ``list(scheduled)`` when the caller has it; ``same``: they are the previous line's (``=``)."""
-    if ids is None:
-        ids = list(scheduled)
-    tokens = "-" if total == len(ids) else ",".join(map(str, scheduled.values()))
-    at = "-" if not recompute else ",".join(str(ids.index(rid)) for rid in recompute if rid in scheduled)
-    named = SAME if same else " ".join(ids)
-    return f"S {ts!r} {len(ids)} {tokens} {at or '-'} {named}\n".encode()
-
-
-class _Previous:
-    """A connection's last step as decoded: its ids and, for a decode step, its mapping (reused)."""
-
-    __slots__ = ("decode", "ids")
-
-    def __init__(self) -> None:
-        self.ids: list[str] | None = None
-        self.decode: dict[str, int] | None = None
-
-
-def _decode_step(line: str, previous: _Previous | None = None) -> Step | None:
-    parts = line.split(" ", 5)
-    if len(parts) != 6:
-        return None
-    decoded = previous.decode if previous is not None else None
-    if decoded is not None and parts[5] == SAME and parts[3] == "-" and parts[4] == "-":
-        # The common line: the same decode batch as the last one, whose mapping is reused.
-        try:
-            ts, count = float(parts[1]), int(parts[2])
-        except ValueError:
-            return None
-        if ts != ts or count != len(decoded):
-            return None
-        return ts, decoded, None
-    try:
-        ts, count = float(parts[1]), int(parts[2])
-        if parts[5] == SAME:
-            ids = previous.ids if previous is not None else None
-            if ids is None:
-                return None
-        else:
-            ids = parts[5].split(" ")
-        plain = parts[3] == "-"
-        counts = [1] * count if plain else [int(n) for n in parts[3].split(",")]
-        at = None if parts[4] == "-" else [int(i) for i in parts[4].split(",")]
-    except ValueError:
-        return None
-    if ts != ts or len(ids) != count or len(counts) != count or min(counts, default=1) < 1:
-        return None
-    if at is not None and not all(0 <= i < count for i in at):
-        return None
-    recompute = None if at is None else [ids[i] for i in at]
-    if previous is None:
-        return ts, dict(zip(ids, counts)), recompute
-    if plain and parts[5] == SAME and previous.decode is not None:
-        return ts, previous.decode, recompute  # the same decode batch: one mapping, read only by its takers
-    scheduled = dict(zip(ids, counts))
-    previous.ids, previous.decode = ids, scheduled if plain else None
-    return ts, scheduled, recompute
-
-
-def decode(
-    lines: bytes, steps: list[Step] | None = None, previous: _Previous | None = None
-) -> list[tuple[str, float, int]]:
-    """The (request id, timestamp, cached tokens) of whole lines; the step lines go to ``steps`` (dropped
-    when it is None); lines that do not parse are dropped. ``previous``: the connection's last step, for
-    a step line that names the same requests (``=``; dropped without it)."""
-    found = []
-    for line in lines.decode("utf-8", "replace").split("\n"):
-        if line.startswith("S "):
-            step = _decode_step(line, previous) if steps is not None else None
-            if step is not None and steps is not None:
-                steps.append(step)
-            continue
-        parts = line.split(" ", 2)
-        if len(parts) != 3 or not parts[2]:
-            continue
-        try:
-            ts, cached = float(parts[0]), int(parts[1])
-        except ValueError:
-            continue
-        if cached >= 0 and ts == ts:  # not NaN
-            found.append((parts[2], ts, cached))
-    return found
+SAME_LINES = False  # whether the engine core writes step lines of the same ids as ``=`` (see _send_step)
 
 
 class EngineCoreFigures:
@@ -413,168 +290,3 @@ def _clients_in(scheduled: Mapping[str, int], requests: Mapping[str, Any], wante
     except (KeyError, AttributeError, TypeError):
         return None
     return {c if isinstance(c, int) else 0 for c in present}  # as learn() counts them
-
-
-class FrontendFigures:
-    """The frontend's side: the socket its engine cores write to, read as outputs arrive and when a
-    figure is wanted."""
-
-    def __init__(self, pid: int, client_index: int) -> None:
-        self.address = address(pid, client_index)
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            self._listener.bind(self.address)
-            self._listener.listen(16)
-        except OSError:
-            self._listener.close()
-            raise
-        self._listener.setblocking(False)
-        self._readers: dict[socket.socket, bytes] = {}  # connection -> its partial last line
-        self._rings: dict[socket.socket, RingReader] = {}  # connection -> the ring its engine core sent
-        self._previous: dict[socket.socket, _Previous] = {}  # connection -> its last step line
-        self._poll = select.poll()  # the listener and every reader, for a read's one system call
-        self._poll.register(self._listener, select.POLLIN)
-        self._by_fd: dict[int, socket.socket] = {self._listener.fileno(): self._listener}
-        self.received = 0  # figures read
-        # Steps read and not taken yet (``take_steps``), oldest first; bounded for a frontend that reads
-        # figures but has no adapter to take its steps.
-        self._steps: deque[Step] = deque(maxlen=MAX_PENDING_STEPS)
-
-    def drain(self) -> list[tuple[str, float, int]]:
-        """Every figure written to this frontend so far and not read yet; the steps read on the way are
-        kept for ``take_steps``.
-
-        One ``poll`` with no timeout says which connections have data and whether an engine core is
-        waiting to connect: this runs as each batch of outputs arrives, and a read that finds nothing
-        costs that one system call (no accept or recv that fails with an exception). ``poll``, not
-        ``select``: an API server's descriptors may be numbered past ``select``'s 1024. Then each
-        engine core's ring (``step_ring``), where its lines go once it sent one: a memory read each."""
-        listener, readers, rings = self._listener, self._readers, self._rings
-        events = self._poll.poll(0)
-        if not events:
-            if not rings:
-                return []
-            if len(rings) == 1:  # the usual case: one engine core, nothing on its socket
-                return self._read_one_ring()
-        by_fd = self._by_fd
-        ready = [by_fd[fd] for fd, _ in events if fd in by_fd]
-        found: list[tuple[str, float, int]] = []
-        steps: list[Step] = []
-        closed_ones: list[socket.socket] = []
-        if listener in ready:
-            while len(readers) < MAX_CONNECTIONS:
-                try:
-                    connection, _ = listener.accept()
-                except (BlockingIOError, InterruptedError):
-                    break
-                connection.setblocking(False)
-                readers[connection] = b""
-                self._previous[connection] = _Previous()
-                by_fd[connection.fileno()] = connection
-                self._poll.register(connection, select.POLLIN)
-                ready.append(connection)  # it may have written already
-        for connection in ready:
-            if connection is listener or connection not in readers:
-                continue
-            data, closed = readers[connection], False
-            while True:
-                try:
-                    chunk, fds, _, _ = socket.recv_fds(connection, CHUNK, 1)
-                except (BlockingIOError, InterruptedError):
-                    break
-                except OSError:
-                    closed = True
-                    break
-                for fd in fds:  # the engine core's ring: its lines come there from now on
-                    ring = RingReader.accept(fd)
-                    if ring is not None and connection not in rings:
-                        rings[connection] = ring
-                    elif ring is not None:
-                        ring.close()
-                if not chunk:
-                    closed = True
-                    break
-                data += chunk
-                if len(chunk) < CHUNK:
-                    break  # all there was: no second recv to find the queue empty
-            whole, _, partial = data.rpartition(b"\n")
-            if whole:
-                found.extend(decode(whole, steps, self._previous[connection]))
-            if closed:
-                closed_ones.append(connection)
-            else:
-                self._readers[connection] = partial[-MAX_UNSENT:]
-        for connection, ring in list(rings.items()):  # after the socket: its bytes came first
-            taken = ring.take()
-            if taken is None:  # not a ring our engine cores write
-                ring.close()
-                del rings[connection]
-            elif taken:
-                found.extend(decode(taken.rpartition(b"\n")[0], steps, self._previous[connection]))
-        for connection in closed_ones:
-            self._forget(connection)
-        self.received += len(found)
-        if steps:
-            # Several engine cores (data-parallel ranks) each write in order; the frontend needs one order.
-            self._steps.extend(sorted(steps, key=_step_time) if len(self._readers) > 1 else steps)
-        return found
-
-    def _read_one_ring(self) -> list[tuple[str, float, int]]:
-        """``drain`` where the only connection is one engine core's, with its ring, and no socket has
-        anything: that ring's new lines alone."""
-        ((connection, ring),) = self._rings.items()
-        taken = ring.take()
-        if not taken:
-            if taken is None:  # not a ring our engine cores write
-                ring.close()
-                del self._rings[connection]
-            return []
-        steps: list[Step] = []
-        found = decode(taken.rpartition(b"\n")[0], steps, self._previous[connection])
-        self.received += len(found)
-        if steps:
-            self._steps.extend(steps)
-        return found
-
-    def _forget(self, connection: socket.socket) -> None:
-        self._by_fd.pop(connection.fileno(), None)
-        with contextlib.suppress(KeyError, ValueError):  # never registered, or its descriptor gone
-            self._poll.unregister(connection)
-        ring = self._rings.pop(connection, None)
-        if ring is not None:
-            ring.close()
-        self._previous.pop(connection, None)
-        connection.close()
-        del self._readers[connection]
-
-    def take_steps(self) -> list[Step]:
-        """The steps read so far (``drain``) and not taken yet, oldest first."""
-        steps = self._steps
-        if not steps:
-            return []
-        taken = list(steps)
-        steps.clear()
-        return taken
-
-    def close(self) -> None:
-        for ring in self._rings.values():
-            ring.close()  # tells the engine core
-        for connection in self._readers:
-            connection.close()
-        self._readers, self._by_fd, self._poll = {}, {}, select.poll()  # a later drain finds nothing
-        self._rings, self._previous = {}, {}
-        self._listener.close()
-
-
-def _step_time(step: Step) -> float:
-    return step[0]
-
-
-def frontend_key(bound: dict[str, Any]) -> tuple[int, int]:
-    """(pid, client index) a frontend listens under, from its engine's ``__init__`` arguments: its parent's
-    pid when it was given the engine cores' addresses (they were started by that launcher), else its own."""
-    client_index = bound.get("client_index", 0)
-    if not isinstance(client_index, int):
-        client_index = 0
-    pid = os.getppid() if bound.get("client_addresses") else os.getpid()
-    return pid, client_index

@@ -19,7 +19,7 @@ import contextvars
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from otel_llm.integrations.vllm.engine_core_figures import FrontendFigures, frontend_key
+from otel_llm.integrations.vllm.frontend_figures import FrontendFigures, frontend_key
 from otel_llm.integrations.vllm.state import LOCK, IntegrationState, log
 
 if TYPE_CHECKING:

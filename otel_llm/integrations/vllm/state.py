@@ -18,7 +18,8 @@ from otel_llm import semconv as sc
 from otel_llm.integrations.faults import Faults
 from otel_llm.integrations.patching import Patch
 from otel_llm.integrations.vllm.adapter import VLLMAdapter
-from otel_llm.integrations.vllm.engine_core_figures import EngineCoreFigures, FrontendFigures
+from otel_llm.integrations.vllm.engine_core_figures import EngineCoreFigures
+from otel_llm.integrations.vllm.frontend_figures import FrontendFigures
 from otel_llm.integrations.vllm.rescheduling import Reschedulings
 
 LOCK = threading.RLock()
