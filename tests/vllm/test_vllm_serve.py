@@ -66,9 +66,9 @@ def client(server: Server) -> Any:
 def concurrent_streams(server: Server, count: int = STREAMS, leaver: bool = False) -> list[dict[str, Any]]:
     """``count`` streaming completions released at once; each returns its id, finish reason and usage.
 
-    ``leaver``: one more stream, of 480 tokens, whose client goes away after 3 chunks while the others
-    keep the engine busy (alone, the tiny model would finish it before the server notices); its id is
-    the last entry.
+    ``leaver``: one more stream, of 480 tokens, whose client goes away after its first chunk while the
+    others keep the engine busy (alone, the tiny model would finish it before the server notices); its
+    id is the last entry.
     """
     results: list[dict[str, Any]] = [{} for _ in range(count + leaver)]
     errors: list[BaseException] = []
@@ -109,7 +109,7 @@ def concurrent_streams(server: Server, count: int = STREAMS, leaver: bool = Fals
             )
             for chunks, chunk in enumerate(stream, start=1):
                 results[count]["id"] = chunk.id
-                if chunks == 3:
+                if chunks == 1:
                     break
             stream.close()
             api.close()
@@ -304,10 +304,26 @@ def test_served_stop_strings_finish_as_the_client_saw(served: Server) -> None:
     assert root["attributes"][sc.GEN_AI_RESPONSE_FINISH_REASONS] == [seen["finish_reason"]]
 
 
-def test_served_disconnect_is_an_abort(served: Server) -> None:
+def vllm_aborted_the_leaver(served: Server) -> bool:
+    """Whether vLLM aborted the stream whose client went away, by vLLM's own count: it counts every
+    request it finished (``vllm:request_success_total``), and an aborted one not. On a busy machine the
+    engine may finish that stream before the server sees its client go; then vLLM counts it too."""
+    success = served.extra["prometheus"]["vllm:request_success_total"]
+    assert success in (served.extra["requests"] - 1, served.extra["requests"]), success
+    return success == served.extra["requests"] - 1
+
+
+def test_served_disconnect_ends_as_vllm_ended_it(served: Server) -> None:
     (root,) = roots_by_client_id(span_dicts(served.collected))[served.extra["disconnect"]["id"]]
-    assert root["attributes"][sc.GEN_AI_RESPONSE_FINISH_REASONS] == [sc.REASON_ABORT]
-    assert 3 <= root["attributes"][sc.GEN_AI_USAGE_OUTPUT_TOKENS] < 480  # it ended before its length
+    attributes = root["attributes"]
+    aborted = vllm_aborted_the_leaver(served)
+    print(f"vllm serve: the stream whose client went away was {'aborted' if aborted else 'finished'}")
+    if aborted:
+        assert attributes[sc.GEN_AI_RESPONSE_FINISH_REASONS] == [sc.REASON_ABORT]
+        assert 1 <= attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] < 480  # it ended before its length
+    else:
+        assert attributes[sc.GEN_AI_RESPONSE_FINISH_REASONS] == ["length"]
+        assert attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 480
     assert root["status"] != 2  # an abort is not an error (OTLP STATUS_CODE_ERROR is 2)
 
 
@@ -441,7 +457,7 @@ def test_served_counters_equal_the_servers_own_metrics(served: Server) -> None:
     assert total(points[sc.METRIC_PREEMPTIONS], "value") == vllm["vllm:num_preemptions_total"]
     finished = total(points[sc.METRIC_REQUESTS], "value")
     aborted = total(points[sc.METRIC_REQUESTS], "value", **{sc.LLM_FINISH_REASON: sc.REASON_ABORT})
-    assert aborted == 1
+    assert aborted == vllm_aborted_the_leaver(served)
     assert finished - aborted == vllm["vllm:request_success_total"]  # vLLM counts no aborted request
     tokens = points[sc.METRIC_TOKENS]
     assert total(tokens, "value", **{sc.GEN_AI_TOKEN_TYPE: "output"}) == vllm["vllm:generation_tokens_total"]
@@ -523,9 +539,10 @@ def test_served_phase_histograms_equal_the_servers(
     """vLLM records phase times for finished requests only; ours also hold the aborted request's."""
     vllm = served.extra["prometheus"]
     point = summed(latest_points(served.collected)[ours])
-    (aborted,) = roots_by_client_id(span_dicts(served.collected))[served.extra["disconnect"]["id"]]
-    assert point["count"] == vllm[f"{theirs}_count"] + 1
-    expected = vllm[f"{theirs}_sum"] + aborted["attributes"][attribute]
+    (leaver,) = roots_by_client_id(span_dicts(served.collected))[served.extra["disconnect"]["id"]]
+    extra = 1 if vllm_aborted_the_leaver(served) else 0  # if finished, vLLM's figures hold it already
+    assert point["count"] == vllm[f"{theirs}_count"] + extra
+    expected = vllm[f"{theirs}_sum"] + extra * leaver["attributes"][attribute]
     assert point["sum"] == pytest.approx(expected, abs=1e-6 * point["count"])
 
 

@@ -2,7 +2,8 @@
 
 vLLM's API server passes its engine client, its bound socket and its arguments to ``build_and_serve``
 before it serves; the wrapper reads ``server.address`` / ``server.port`` there (the port read back from
-the socket, so ``--port 0`` is known) and whether LoRA adapters may name the answers. The module is
+the socket, so ``--port 0`` is known) and whether LoRA adapters may name the answers, and adds the
+middleware that keeps callers' trace headers (``caller_headers.py``) to ``--middleware``. The module is
 imported by the API server only, so an import hook waits for it (``watch``). `vllm serve` imports its CLI
 module (``SERVE_CLI``) with it: when that completes without the module, this vLLM serves from somewhere
 else, and the integration stops rather than trace every request without the server's attributes.
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from otel_llm.integrations.patching import warn_once
-from otel_llm.integrations.vllm import targets
+from otel_llm.integrations.vllm import caller_headers, targets
 from otel_llm.integrations.vllm.providers import configure_asked
 from otel_llm.integrations.vllm.state import LOCK, IntegrationState, log
 from otel_llm.server_attributes import server_attributes
@@ -92,6 +93,12 @@ def _read_api_server(state: IntegrationState, sock: Any, args: Any) -> None:
     added per tracker), or the LoRA adapter a request asked for: with ``--enable-lora`` it is left out."""
     state.lora = bool(args.enable_lora)
     warn_of_several_api_servers(args)
+    if not caller_headers.add_to(args):
+        warn_once(
+            log,
+            "otel_llm: this vLLM's API server has no --middleware option; a caller's traceparent is "
+            "kept only where vLLM passes it on itself",
+        )
     uds = getattr(args, "uds", None)  # not every vLLM has --uds
     if isinstance(uds, str) and uds:
         state.api_server = server_attributes(None, None, unix_socket=uds)

@@ -15,10 +15,10 @@ the integration; only ``do_tracing``'s leaves our telemetry whole, and is said o
 
 from __future__ import annotations
 
-import contextvars
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from otel_llm.integrations.vllm.caller_headers import CALLER_HEADERS
 from otel_llm.integrations.vllm.frontend_figures import FrontendFigures, frontend_key
 from otel_llm.integrations.vllm.state import LOCK, IntegrationState, log
 
@@ -28,12 +28,6 @@ if TYPE_CHECKING:
 LOST_REQUESTS = "the events, tokens and ends of the requests after it"
 LOST_ENGINE_STATE = "the engine's own state (KV-cache usage, running and waiting requests) of later steps"
 LOST_MODEL = "the served model's name and the engine cores' figures of this engine"
-
-# The caller's W3C headers of the request being added on this task: AsyncLLM.add_request drops them
-# before they reach the engine request unless vLLM's own tracing is on (--otlp-traces-endpoint).
-CALLER_HEADERS: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
-    "otel_llm_vllm_caller_headers", default=None
-)
 
 
 def _open_ids(processor: Any) -> Any:
@@ -228,7 +222,9 @@ def keep_caller_headers(original: Callable[..., Any]) -> Callable[..., Any]:
             headers = signature.bind(self, *args, **kwargs).arguments.get("trace_headers")
         except TypeError:
             headers = None  # vLLM reports its own argument error
-        token = CALLER_HEADERS.set(dict(headers) if headers else None)
+        if not headers:  # what the API server's middleware found stands (caller_headers.py)
+            return await original(self, *args, **kwargs)
+        token = CALLER_HEADERS.set(dict(headers))
         try:
             return await original(self, *args, **kwargs)
         finally:

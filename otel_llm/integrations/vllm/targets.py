@@ -55,6 +55,8 @@ RESUMED_FIELD = "resumed_req_ids"
 SCHEDULER_ARGUMENTS = ("log_stats",)  # Scheduler.__init__: turned on, or no request event exists
 ASYNC_ADD_REQUEST_ARGUMENTS = ("trace_headers",)  # AsyncLLM.add_request: the caller's W3C headers
 SERVE_ARGUMENTS = ("engine_client", "listen_address", "sock", "args")  # build_and_serve, positional
+# vllm serve's --middleware (a list of import paths on its parsed arguments), public since before 0.30.
+SERVE_MIDDLEWARE = "middleware"
 
 
 class Targets:
