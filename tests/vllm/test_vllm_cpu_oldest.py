@@ -2,7 +2,7 @@
 
 The tier's own test files run in a child pytest whose ``OTEL_LLM_VLLM_CPU_VENV`` points at
 ``.venv-vllm-cpu-VERSION`` (``bash tests/vllm/make_engine_env.sh VERSION`` builds it), VERSION being the
-oldest of ``otel_llm.integrations.versions.VLLM.tested_end_to_end``; the newest is this session's own
+oldest of ``otel_llm.integrations.versions.VLLM.tested_end_to_end``; the newest is this run's own
 ``.venv-vllm-cpu``. One test here stands for that whole run: it fails with the child's failures, and the
 child's skips fail it too, since a tier that did not run is no evidence. The child runs on two workers:
 its tests mostly wait on the engines they start.
@@ -44,7 +44,7 @@ SUMMARY = re.compile(r"^=* ?(\d+ (?:passed|failed|error).*?) in [\d.]+s", re.MUL
 )
 @pytest.mark.skipif(
     Path(os.environ.get("OTEL_LLM_VLLM_CPU_VENV", REPO / ".venv-vllm-cpu")).resolve() == VENV.resolve(),
-    reason="this session's end-to-end tier already runs on the oldest vllm-cpu",
+    reason="this run's end-to-end tier already runs on the oldest vllm-cpu",
 )
 def test_the_end_to_end_tier_passes_on_the_oldest_vllm_cpu(tmp_path: Path) -> None:
     env = {**os.environ, "OTEL_LLM_VLLM_CPU_VENV": str(VENV), "OTEL_LLM_FAIL_ON_SKIP": "1"}
