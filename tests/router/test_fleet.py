@@ -522,24 +522,27 @@ def faults(fleet: Fleet, runs: dict[str, Run]) -> Faults:
     )
 
 
+def answered_calls(trace: dict[str, Any], port: str) -> list[Span]:
+    """The router's calls in ``trace`` that an instance on ``port`` answered (HTTP 200)."""
+    return [
+        s
+        for s in spans_of(trace)
+        if s.service == ROUTER_SERVICE
+        and s.kind == "client"
+        and s.tags.get("server.port") == port
+        and s.tags.get("http.response.status_code") == "200"
+        and not s.error
+    ]
+
+
 def answers_on(fleet: Fleet, since_s: float, port: str) -> list[Span]:
-    """The router's calls, since ``since_s``, that an instance on ``port`` answered (HTTP 200), in the
-    traces that hold no ``llm.request``: answers whose spans died with that instance."""
+    """The router's calls, since ``since_s``, that an instance on ``port`` answered, in the traces that
+    hold no ``llm.request``: answers whose spans died with that instance."""
     calls = []
     for found in fleet.jaeger.traces(ROUTER_SERVICE, since_s, operation=ROUTE):
         trace = fleet.jaeger.trace(found["traceID"]) or found
-        spans = spans_of(trace)
-        if any(s.name == "llm.request" for s in spans):
-            continue
-        calls += [
-            s
-            for s in spans
-            if s.service == ROUTER_SERVICE
-            and s.kind == "client"
-            and s.tags.get("server.port") == port
-            and s.tags.get("http.response.status_code") == "200"
-            and not s.error
-        ]
+        if not any(s.name == "llm.request" for s in spans_of(trace)):
+            calls += answered_calls(trace, port)
     return calls
 
 
@@ -593,17 +596,7 @@ def test_an_instance_killed_mid_run_the_router_retries_and_nothing_else_is_lost(
     assert all((c.start_us + c.duration_us) / 1e6 <= faults.killed_at + 1.0 for c in answered_by_killed)
     # The requests the client saw fail: the router's server span says so.
     no_request = [t for t in traces.values() if not any(s.name == "llm.request" for s in spans_of(t))]
-    failed_traces = [
-        t
-        for t in no_request
-        if not any(
-            s.kind == "client"
-            and s.tags.get("server.port") == killed_port
-            and not s.error
-            and s.tags.get("http.response.status_code") == "200"
-            for s in spans_of(t)
-        )
-    ]
+    failed_traces = [t for t in no_request if not answered_calls(t, killed_port)]
     for trace in failed_traces:
         [server] = [s for s in spans_of(trace) if s.kind == "server"]
         assert server.error or server.tags.get("http.response.status_code") != "200", server
