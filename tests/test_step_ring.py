@@ -152,3 +152,49 @@ def test_a_closed_frontend_is_seen_through_its_ring_and_a_new_one_gets_the_lines
         assert second.take_steps() == [(3.0, {"a": 1}, None)]  # named in full to the new frontend
     finally:
         second.close()
+
+
+def test_a_frontend_reading_while_the_engine_core_writes_keeps_its_ring_and_every_step() -> None:
+    """Both ends busy at once, in two processes, as under ``vllm serve``: the engine core writes step
+    lines as fast as it can while the frontend reads in a loop. Each position in the ring's header is
+    read and stored whole, so the frontend never sees a half-written one and never takes the ring for a
+    stranger's (it would drop it, and the engine core would lose the steps it writes meanwhile). The
+    child keeps within 32 lines of what the frontend has read (the frontend keeps no more than
+    MAX_PENDING_STEPS of the steps it read at once), so a slow reader on a busy machine loses nothing."""
+    steps = 60_000
+    frontend = FrontendFigures(os.getpid(), 45)
+    code = textwrap.dedent(
+        f"""
+        import socket, sys
+        from otel_llm.integrations.vllm.figure_lines import address, encode_step
+        from otel_llm.integrations.vllm.step_ring import READ, RingWriter
+        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        connection.connect(address({os.getpid()}, 45))
+        ring = RingWriter.offer(connection)
+        assert ring is not None
+        for k in range({steps}):
+            line = encode_step(float(k), {{"a": 1, "b": 1 + k % 3}}, 2 + k % 3, None)
+            while ring.written - ring._words[READ] > 32 * len(line):
+                pass  # the frontend is behind: wait for it (it reads in a loop)
+            while True:
+                written = ring.write(line)
+                if written is None:
+                    sys.exit("the frontend closed the ring at step %d" % k)
+                if written:
+                    break
+        """
+    )
+    got: list[float] = []
+    try:
+        child = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
+        while len(got) < steps and child.poll() is None:
+            frontend.drain()
+            got.extend(ts for ts, _, _ in frontend.take_steps())
+        frontend.drain()
+        got.extend(ts for ts, _, _ in frontend.take_steps())
+        _, errors = child.communicate(timeout=60)
+        assert child.returncode == 0, errors
+        assert got == [float(k) for k in range(steps)]
+        assert len(frontend._rings) == 1
+    finally:
+        frontend.close()

@@ -12,12 +12,17 @@ The join stays exact. The engine core writes a step's line inside ``schedule()``
 its outputs reach the frontend afterwards, through vLLM's own sockets, whose system calls order memory
 on both sides. So a line is in the ring by the time the frontend reads the outputs it belongs to.
 
-Layout: a header of three little-endian 64-bit words, then ``CAPACITY`` bytes of data.
+Layout: a header of three native 64-bit words, then ``CAPACITY`` bytes of data.
 
 - ``written``: bytes written so far (the engine core's; it stores it after the bytes);
 - ``read``: bytes read so far (the frontend's; the engine core never writes past it, so nothing unread
   is ever overwritten: what does not fit is lost, and counted there);
 - ``closed``: set by the frontend when it closes, so the engine core connects again.
+
+Each word is read and stored whole, through a memoryview of 64-bit items: one aligned 8-byte load or
+store. Not with ``struct.pack_into``: it zeroes its bytes before it writes the value, so the other process
+could read a position of 0, and ``"<Q"`` goes byte by byte besides. The frontend then took the ring for a
+stranger's and dropped it, and the engine core lost the steps it wrote until it connected again.
 
 Only whole lines are written. A stranger that hands the frontend a file of another size, or without the
 seals, is refused: a file whose size could shrink would crash the reader.
@@ -30,14 +35,12 @@ import fcntl
 import mmap
 import os
 import socket
-import struct
 
 CAPACITY = 1 << 20  # bytes of lines; a step line of 64 requests is about 3 KB
-HEADER = struct.Struct("<QQQ")  # written, read, closed
+WRITTEN, READ, CLOSED = 0, 1, 2  # the header's words
 DATA = 64  # where the data begins (the header, padded to a cache line)
 SIZE = DATA + CAPACITY
 ANNOUNCE = b"R\n"  # the socket bytes the file rides on (a line no parser takes)
-_WRITTEN = struct.Struct("<Q")
 _SEALS = (
     getattr(fcntl, "F_SEAL_SHRINK", 0) | getattr(fcntl, "F_SEAL_GROW", 0) | getattr(fcntl, "F_SEAL_SEAL", 0)
 )
@@ -46,10 +49,11 @@ _SEALS = (
 class RingWriter:
     """The engine core's end of one ring (``offer`` makes it and hands it over)."""
 
-    __slots__ = ("_map", "written")
+    __slots__ = ("_map", "_words", "written")
 
     def __init__(self, mapped: mmap.mmap) -> None:
         self._map = mapped
+        self._words = _words(mapped)
         self.written = 0
 
     @classmethod
@@ -77,8 +81,8 @@ class RingWriter:
     def write(self, data: bytes) -> bool | None:
         """Append ``data`` (whole lines). True: written; False: no room (lost); None: the frontend closed
         its end."""
-        mapped = self._map
-        _, read, closed = HEADER.unpack_from(mapped, 0)
+        mapped, words = self._map, self._words
+        read, closed = words[READ], words[CLOSED]
         if closed:
             return None
         written, size = self.written, len(data)
@@ -93,21 +97,21 @@ class RingWriter:
             mapped[at:SIZE] = data[:first]
             mapped[DATA : DATA + size - first] = data[first:]
         self.written = written = written + size
-        _WRITTEN.pack_into(mapped, 0, written)  # after the bytes: the reader takes nothing unwritten
+        words[WRITTEN] = written  # after the bytes: the reader takes nothing unwritten
         return True
 
     def close(self) -> None:
-        with contextlib.suppress(BufferError, ValueError):
-            self._map.close()
+        _unmap(self._map, self._words)
 
 
 class RingReader:
     """The frontend's end of one ring, from the file descriptor the engine core sent (``accept``)."""
 
-    __slots__ = ("_map", "read")
+    __slots__ = ("_map", "_words", "read")
 
     def __init__(self, mapped: mmap.mmap) -> None:
         self._map = mapped
+        self._words = _words(mapped)
         self.read = 0
 
     @classmethod
@@ -129,8 +133,8 @@ class RingReader:
     def take(self) -> bytes | None:
         """What was written since the last take (b"" when nothing), the read position handed back; None
         when the positions make no sense (not our engine core's ring: to be dropped)."""
-        mapped = self._map
-        written = _WRITTEN.unpack_from(mapped, 0)[0]
+        mapped, words = self._map, self._words
+        written = words[WRITTEN]
         read = self.read
         if written == read:
             return b""
@@ -141,11 +145,22 @@ class RingReader:
         end = at + size
         data = mapped[at:end] if end <= SIZE else mapped[at:SIZE] + mapped[DATA : DATA + end - SIZE]
         self.read = written
-        _WRITTEN.pack_into(mapped, 8, written)
+        words[READ] = written
         return data
 
     def close(self) -> None:
         """Say so to the engine core (it connects again), and unmap."""
-        with contextlib.suppress(BufferError, ValueError):
-            _WRITTEN.pack_into(self._map, 16, 1)
-            self._map.close()
+        with contextlib.suppress(ValueError):  # closed already
+            self._words[CLOSED] = 1
+        _unmap(self._map, self._words)
+
+
+def _words(mapped: mmap.mmap) -> memoryview:
+    """The header of ``mapped`` as 64-bit words (see the module's docstring for why not ``struct``)."""
+    return memoryview(mapped)[:DATA].cast("Q")
+
+
+def _unmap(mapped: mmap.mmap, words: memoryview) -> None:
+    words.release()  # the map cannot close while a view of it is held
+    with contextlib.suppress(BufferError, ValueError):
+        mapped.close()
