@@ -22,6 +22,7 @@ median of rounds.
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from types import SimpleNamespace
@@ -69,8 +70,19 @@ def scheduler_and_outputs(resumed: int) -> tuple[Any, Any]:
     return SimpleNamespace(requests=requests), output
 
 
+def changed_every_step(output: Any) -> list[Any]:
+    """``output`` and the same step with its first two requests swapped: returned in turn, every step's
+    ids differ from the step before (a batch that changed; an unchanged one is written as ``=``)."""
+    scheduled = dict(output.num_scheduled_tokens)
+    first, second, *rest = scheduled
+    swapped = {first: scheduled[first], second: scheduled[second]}
+    swapped = {second: swapped[second], first: swapped[first], **{rid: scheduled[rid] for rid in rest}}
+    return [output, SimpleNamespace(**{**vars(output), "num_scheduled_tokens": swapped})]
+
+
 def measure(quick: bool = False) -> dict[str, Any]:
-    """The wrapper's CPU per step, bare and with otel_llm, for steps re-admitting 0, 1 and 4 requests."""
+    """The wrapper's CPU per step, bare and with otel_llm, for steps re-admitting 0, 1 and 4 requests,
+    and for plain decode steps whose batch changed every step."""
     receiver = FrontendFigures(os.getpid(), 0)
     # An engine core's instrumentation: no frontend (no adapter) in this process.
     state = IntegrationState(None, {}, Faults("vllm", "vLLM", log, lambda: "benchmark"))
@@ -89,11 +101,21 @@ def measure(quick: bool = False) -> dict[str, Any]:
             variants[("bare", resumed)] = _round(bare, scheduler, receiver, sender, set(), steps)
             variants[("figures", resumed)] = _round(wrapped, scheduler, receiver, sender, set(), steps)
             variants[("steps", resumed)] = _round(wrapped, scheduler, receiver, sender, {0}, steps)
+        scheduler, output = scheduler_and_outputs(0)
+        turns = itertools.cycle(changed_every_step(output))
+
+        def alternating(self: Any, turns: Any = turns) -> Any:
+            return next(turns)
+
+        wrapped = read_each_step(state, alternating)
+        variants[("bare", "changed")] = _round(alternating, scheduler, receiver, sender, set(), steps)
+        variants[("steps", "changed")] = _round(wrapped, scheduler, receiver, sender, {0}, steps)
         # The frontend's side, as each batch of outputs arrives: a read of the socket and the steps taken.
         _, decode_step = scheduler_and_outputs(0)
         line = (1000.0, decode_step.num_scheduled_tokens, decode_step.total_num_scheduled_tokens, None)
-        for what in ("clock", "empty", "step"):
-            variants[("read", what)] = _reading(receiver, sender, what, line, steps)
+        other = changed_every_step(decode_step)[1].num_scheduled_tokens
+        for what in ("clock", "empty", "step", "changed"):
+            variants[("read", what)] = _reading(receiver, sender, what, line, steps, other)
         timings = compare({f"{k[0]}-{k[1]}": v for k, v in variants.items()}, 3 if quick else ROUNDS)
     finally:
         receiver.close()
@@ -111,6 +133,9 @@ def measure(quick: bool = False) -> dict[str, Any]:
     clock_ns = timings["read-clock"].median_ns
     return {
         "rows": rows,
+        "changed_bare_ns": timings["bare-changed"].median_ns,
+        "changed_added_ns": timings["steps-changed"].median_ns - timings["bare-changed"].median_ns,
+        "read_changed_ns": timings["read-changed"].median_ns - clock_ns,
         "read_empty_ns": timings["read-empty"].median_ns - clock_ns,
         "read_step_ns": timings["read-step"].median_ns - clock_ns,
         "sent": sender.sent,
@@ -144,18 +169,22 @@ def _round(
     return run
 
 
-def _reading(receiver: FrontendFigures, sender: EngineCoreFigures, what: str, line: Any, steps: int) -> Any:
+def _reading(
+    receiver: FrontendFigures, sender: EngineCoreFigures, what: str, line: Any, steps: int, other: Any
+) -> Any:
     """The frontend's read per batch of outputs (``drain`` and ``take_steps``): with nothing written
-    (``empty``), or after the engine core wrote one decode step's line (``step``, the write untimed);
+    (``empty``), or after the engine core wrote one decode step's line (``step``: the same batch each
+    time; ``changed``: ``line`` and ``other``'s ids in turn, named in full; the write untimed);
     ``clock``: the two clock reads alone, taken off both."""
+    lines = [line, (line[0], other, *line[2:])] if what == "changed" else [line]
 
     def run() -> tuple[int, int]:
         sender.clients = {0}
         clock = time.process_time_ns
         elapsed = 0
-        for _ in range(steps):
-            if what == "step":
-                sender.send([], line)
+        for k in range(steps):
+            if what in ("step", "changed"):
+                sender.send([], lines[k % len(lines)])
             start = clock()
             if what != "clock":
                 receiver.drain()
@@ -192,11 +221,19 @@ def lines(result: dict[str, Any]) -> list[str]:
             f"| {row['resumed']} | {row['bare_ns']:.0f} ns | {row['added_ns'] / 1000:.2f} µs | {per} "
             f"| {row['added_with_steps_ns'] / 1000:.2f} µs |"
         )
+    out.append(
+        f"| 0, the batch changed every step | {result['changed_bare_ns']:.0f} ns | - | - "
+        f"| {result['changed_added_ns'] / 1000:.2f} µs |"
+    )
     out += [
         "",
+        "A decode step whose requests are those of the step before writes `=` for their ids (the rows "
+        "above but the last); one whose batch changed names them all (the last row).",
+        "",
         "In the frontend, as each batch of outputs arrives (the same process as vLLM's output loop): a read "
-        f"of the socket with nothing written {result['read_empty_ns'] / 1000:.2f} µs, and reading one "
-        f"decode step's line of {BATCH} requests and taking the step {result['read_step_ns'] / 1000:.2f} µs.",
+        f"of the socket with nothing written {result['read_empty_ns'] / 1000:.2f} µs; reading one "
+        f"decode step's line of {BATCH} requests and taking the step {result['read_step_ns'] / 1000:.2f} µs "
+        f"when its batch did not change, {result['read_changed_ns'] / 1000:.2f} µs when it did.",
         "",
         f"Figures sent {result['sent']}, step lines {result['steps_sent']}, lost {result['lost']}, "
         f"figures received {result['received']}.",

@@ -17,8 +17,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from otel_llm.integrations.vllm.compositions import MAX_PENDING_STEPS
-from otel_llm.integrations.vllm.engine_core_figures import EngineCoreFigures
+from otel_llm.integrations.vllm.compositions import MAX_PENDING_STEPS, Compositions
+from otel_llm.integrations.vllm.engine_core_figures import MAX_HELD_STEPS, EngineCoreFigures
 from otel_llm.integrations.vllm.figure_lines import address, decode, encode, encode_step
 from otel_llm.integrations.vllm.frontend_figures import FrontendFigures
 from otel_llm.integrations.vllm.rescheduling import Reschedulings
@@ -96,9 +96,9 @@ def test_an_api_server_whose_requests_all_wait_still_gets_its_next_figure_before
     """Two API servers; for 2000 steps only the first one's request runs, and the second reads nothing
     (a frontend reads as its outputs arrive, and it has none). Then its own request is rescheduled: in
     the one read that comes before that step's outputs, the figure is there, after the steps it missed
-    that its frontend keeps (the newest MAX_PENDING_STEPS), in order. Sent one write per step, those steps
-    would have filled the stream's buffer long before (some 280 small writes), and the figure would wait
-    behind them in the engine core."""
+    that the engine core held for it (the newest MAX_HELD_STEPS), in order. Sent one write per step,
+    those steps would have filled the stream's buffer long before (some 280 small writes), and the
+    figure would wait behind them in the engine core."""
     first, second = FrontendFigures(os.getpid(), 20), FrontendFigures(os.getpid(), 21)
     requests = {"a": SimpleNamespace(client_index=20), "b": SimpleNamespace(client_index=21)}
     try:
@@ -112,10 +112,11 @@ def test_an_api_server_whose_requests_all_wait_still_gets_its_next_figure_before
         sender.send([("b", 2000.5, 32, 21)], (2000.0, {"a": 1, "b": 7}, 8, ["b"]), requests)
         assert second.drain() == [("b", 2000.5, 32)]
         steps = second.take_steps()
-        assert [ts for ts, _, _ in steps] == [float(k) for k in range(2000 - MAX_PENDING_STEPS + 1, 2001)]
+        assert [ts for ts, _, _ in steps] == [float(k) for k in range(2000 - MAX_HELD_STEPS, 2001)]
         assert steps[-1] == (2000.0, {"a": 1, "b": 7}, ["b"])
         first.drain()
-        assert len(first.take_steps()) == MAX_PENDING_STEPS  # it took none: the newest are kept
+        # It took none: it keeps the newest MAX_PENDING_STEPS of the 2001.
+        assert len(first.take_steps()) == MAX_PENDING_STEPS
         assert (sender.lost, sender.steps_lost) == (0, 0)
     finally:
         first.close()
@@ -329,8 +330,34 @@ def test_the_engine_core_benchmark_measures_each_step_kind_and_loses_nothing() -
     assert result["lost"] == 0 and result["received"] == result["sent"] > 0
     assert result["steps_sent"] > 0  # the variant with a frontend known wrote each step's line
     table = [line for line in engine_core_figures.lines(result) if line.startswith("| ")]
-    assert len(table) == 1 + 3 and all("nan" not in line for line in table)  # the header, a row per kind
+    # The header, a row per kind, and the decode step whose batch changed (its ids named in full).
+    assert len(table) == 1 + 3 + 1 and all("nan" not in line for line in table)
     assert all(line.count("|") == 6 for line in table)  # five columns: the step line's cost among them
-    assert all(math.isfinite(result[key]) for key in ("read_empty_ns", "read_step_ns"))  # the frontend's read
+    keys = ("read_empty_ns", "read_step_ns", "read_changed_ns", "changed_added_ns")
+    assert all(math.isfinite(result[key]) for key in keys)  # the frontend's read, the changed batch
     read = [line for line in engine_core_figures.lines(result) if line.startswith("In the frontend")]
     assert len(read) == 1 and "nan" not in read[0]
+
+
+def test_a_frontend_that_reads_hundreds_of_steps_ahead_of_their_outputs_keeps_every_one() -> None:
+    """A frontend whose output loop was held up reads the engine core's lines many steps before their
+    outputs arrive: 500 decode steps read at once, then the outputs one by one. Each step is taken
+    when the outputs scheduled after it arrive, none dropped and none early."""
+    frontend = FrontendFigures(os.getpid(), 46)
+    try:
+        sender = EngineCoreFigures()
+        sender._parent = os.getpid()
+        sender.clients = {46}
+        batches = [{"a": 1, "b": 1}, {"a": 1, "b": 1, "c": 1}]
+        for k in range(500):
+            sender.send([], (float(k), batches[k // 100 % 2], 2 + k // 100 % 2, None))
+        frontend.drain()
+        pending = Compositions()
+        for ts, scheduled, recompute in frontend.take_steps():
+            pending.add(ts, scheduled, recompute)
+        taken = [pending.due(k + 0.5) for k in range(500)]  # each step's outputs, stamped after it
+        assert [[ts for ts, _, _ in due] for due in taken] == [[float(k)] for k in range(500)]
+        assert [due[0][1] for due in taken] == [batches[k // 100 % 2] for k in range(500)]
+        assert (sender.lost, sender.steps_lost) == (0, 0)
+    finally:
+        frontend.close()

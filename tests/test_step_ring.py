@@ -61,8 +61,8 @@ def test_once_connected_the_lines_go_through_the_ring_in_order_across_its_end() 
         frontend.close()
 
 
-def test_an_unchanged_decode_batch_is_written_as_the_same_ids_and_read_back_whole(monkeypatch) -> None:
-    monkeypatch.setattr(engine_core_figures, "SAME_LINES", True)  # the frontend reads them either way
+def test_an_unchanged_decode_batch_is_written_as_the_same_ids_and_read_back_whole() -> None:
+    assert engine_core_figures.SAME_LINES  # as vLLM's engine core runs it
     frontend = FrontendFigures(os.getpid(), 41)
     try:
         sender = _sender(41)
@@ -92,26 +92,27 @@ def test_an_unchanged_decode_batch_is_written_as_the_same_ids_and_read_back_whol
 def test_a_child_engine_core_writes_through_its_ring_to_the_frontend() -> None:
     """As vLLM runs it: the engine core in another process, its lines through the ring it made there."""
     frontend = FrontendFigures(os.getpid(), 42)
+    steps = MAX_PENDING_STEPS + 200  # more than the frontend keeps of the steps it has not taken
     code = textwrap.dedent(
         """
         import json
         from otel_llm.integrations.vllm.engine_core_figures import EngineCoreFigures
         sender = EngineCoreFigures()
         sender.clients.add(42)
-        for k in range(200):
+        for k in range(STEPS):
             found = [("req-%d" % k, k + 0.5, k, 42)] if k % 40 == 0 else []
             sender.send(found, (float(k), {"x": 1, "y": 1}, 2, None))
         print(json.dumps([len(sender._rings), sender.steps_sent, sender.sent]))
         """
-    )
+    ).replace("STEPS", str(steps))
     try:
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
-        assert json.loads(done.stdout) == [1, 200, 5]
+        assert json.loads(done.stdout) == [1, steps, len(range(0, steps, 40))]
         figures = frontend.drain()
-        assert figures == [(f"req-{k}", k + 0.5, k) for k in range(0, 200, 40)]
+        assert figures == [(f"req-{k}", k + 0.5, k) for k in range(0, steps, 40)]
         # The newest MAX_PENDING_STEPS of them: the frontend keeps no more of the steps not taken yet.
-        newest = [float(k) for k in range(200 - MAX_PENDING_STEPS, 200)]
+        newest = [float(k) for k in range(steps - MAX_PENDING_STEPS, steps)]
         assert [ts for ts, _, _ in frontend.take_steps()] == newest
     finally:
         frontend.close()
@@ -159,8 +160,8 @@ def test_a_frontend_reading_while_the_engine_core_writes_keeps_its_ring_and_ever
     lines as fast as it can while the frontend reads in a loop. Each position in the ring's header is
     read and stored whole, so the frontend never sees a half-written one and never takes the ring for a
     stranger's (it would drop it, and the engine core would lose the steps it writes meanwhile). The
-    child keeps within 32 lines of what the frontend has read (the frontend keeps no more than
-    MAX_PENDING_STEPS of the steps it read at once), so a slow reader on a busy machine loses nothing."""
+    child keeps within 32 lines of what the frontend has read, so a slow reader on a busy machine loses
+    nothing (the ring is full at some 50,000 of these lines)."""
     steps = 60_000
     frontend = FrontendFigures(os.getpid(), 45)
     code = textwrap.dedent(

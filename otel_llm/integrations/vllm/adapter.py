@@ -284,9 +284,10 @@ class VLLMAdapter:
     def step_scheduled(
         self, scheduled: Any, ts: float, recompute: list[Any] | None = None, addressed: bool = False
     ) -> None:
-        """A scheduler's step (``num_scheduled_tokens``, scheduled at ``ts``, monotonic seconds;
-        ``recompute``: its requests that recompute): kept when it holds a request of this frontend (or
-        ``addressed``: its engine core sent it to this frontend), reported when its outputs arrive."""
+        """A scheduler's step (``num_scheduled_tokens`` as otel_llm's own dict, kept as given: nothing
+        changes it; scheduled at ``ts``, monotonic seconds; ``recompute``: its requests that recompute):
+        kept when it holds a request of this frontend (or ``addressed``: its engine core sent it to this
+        frontend), reported when its outputs arrive."""
         if not scheduled:
             return
         if addressed:

@@ -27,9 +27,12 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-# Steps scheduled but not yet delivered, at most (vLLM keeps at most two in flight; a bound for the odd
-# path where outputs never come, such as an engine stopped mid-step).
-MAX_PENDING_STEPS = 64
+# Steps scheduled but not yet delivered, at most. vLLM keeps at most two in flight, but under `vllm serve`
+# a frontend whose output loop is held up (a burst of new requests, a pause) reads the engine core's
+# lines that many steps behind, and the oldest would go first: its next outputs would find no step. The
+# bound is for the odd path where outputs never come, such as an engine stopped mid-step; a decode batch
+# that did not change is one shared mapping, so even a full deque is small.
+MAX_PENDING_STEPS = 1024
 
 
 Step = tuple[float, dict[Any, int], "list[Any] | None"]
@@ -65,10 +68,12 @@ class Compositions:
     def __init__(self) -> None:
         self._steps: deque[Step] = deque(maxlen=MAX_PENDING_STEPS)
 
-    def add(self, ts: float, scheduled: Mapping[Any, int], recompute: list[Any] | None) -> None:
-        """One ``schedule()`` result's ``num_scheduled_tokens`` (copied: vLLM's object stays vLLM's) and
-        the requests it recomputes (``recomputing``)."""
-        self._steps.append((ts, dict(scheduled), recompute))
+    def add(self, ts: float, scheduled: dict[Any, int], recompute: list[Any] | None) -> None:
+        """One ``schedule()`` result's ``num_scheduled_tokens`` and the requests it recomputes
+        (``recomputing``). ``scheduled`` is kept as given, not copied: it is otel_llm's own (a copy of
+        vLLM's, or decoded from the engine core's line), and nothing changes it. A decode batch that
+        did not change comes as the same mapping, step after step."""
+        self._steps.append((ts, scheduled, recompute))
 
     def due(self, by: float) -> list[Step]:
         """The steps scheduled at or before ``by`` (the delivered outputs' timestamp), oldest first."""

@@ -107,5 +107,6 @@ def hand_over_step(state: IntegrationState, scheduler: Any, output: Any, ts: flo
     scheduled = output.num_scheduled_tokens
     if scheduled:
         recompute = recomputing(scheduler.requests, scheduled, output.total_num_scheduled_tokens)
+        scheduled = dict(scheduled)  # one copy for every adapter: vLLM's object stays vLLM's
         for adapter in adapters:
             adapter.step_scheduled(scheduled, ts, recompute)

@@ -52,7 +52,6 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from otel_llm.integrations.vllm.compositions import MAX_PENDING_STEPS
 from otel_llm.integrations.vllm.figure_lines import MAX_UNSENT, address, encode, encode_step
 from otel_llm.integrations.vllm.step_ring import RingWriter
 
@@ -63,7 +62,11 @@ _log = logging.getLogger(__name__)
 QUIET_S = 10.0
 # Ring writes between two checks that the frontend still holds its end of the socket (one recv each).
 CHECK_EVERY = 4096
-SAME_LINES = False  # whether the engine core writes step lines of the same ids as ``=`` (see _send_step)
+# Whether the engine core writes a step line with the same ids as the line before as ``=`` (_send_step).
+SAME_LINES = True
+# Step lines held for a frontend none of whose requests is in them, at most (``_hold``): they go out with
+# its next write, which must fit the ring (a line of 64 requests is about 3 KB).
+MAX_HELD_STEPS = 64
 
 
 class EngineCoreFigures:
@@ -90,7 +93,7 @@ class EngineCoreFigures:
         self.steps_sent = 0  # step lines written (or held), summed over frontends
         self.steps_lost = 0
         # Step lines for a client none of whose requests is in the step, by client index: written with
-        # its next write (``send``); no more than its frontend keeps of the steps it has not taken.
+        # its next write (``send``); the newest MAX_HELD_STEPS.
         self._held: dict[int, deque[bytes]] = {}
         self._warned = False
 
@@ -155,8 +158,6 @@ class EngineCoreFigures:
         the first branch alone."""
         ts, scheduled, total, recompute = step
         ids = list(scheduled)
-        # Not written for now (``SAME_LINES``): under `vllm serve` a step went missing with it on, which
-        # replaying the same steps here does not show; the frontend still reads such lines.
         same = SAME_LINES and ids == self._last_ids.get(client)
         if same and total == len(ids) and not recompute:
             line = f"S {ts!r} {total} - - =\n".encode()
@@ -259,11 +260,10 @@ class EngineCoreFigures:
             _log.warning("otel_llm: could not send the engine core's figures to the frontend: %s", why)
 
     def _hold(self, client: int, line: bytes) -> None:
-        """Keep ``line`` for ``client``'s next write. The oldest go past what the frontend keeps of the
-        steps it has not taken (MAX_PENDING_STEPS): it would drop them there."""
+        """Keep ``line`` for ``client``'s next write; the oldest go past ``MAX_HELD_STEPS``."""
         held = self._held.get(client)
         if held is None:
-            held = self._held[client] = deque(maxlen=MAX_PENDING_STEPS)
+            held = self._held[client] = deque(maxlen=MAX_HELD_STEPS)
         held.append(line)
 
 

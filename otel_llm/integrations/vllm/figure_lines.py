@@ -10,11 +10,10 @@ each:
 - a step: ``S <monotonic seconds its scheduling began!r> <requests> <tokens> <recomputing> <ids>``, where
   ``<tokens>`` is ``-`` when every request computes one token (a decode step) or the counts in the ids'
   order, comma-separated, ``<recomputing>`` is ``-`` or the positions of the requests whose tokens are a
-  recompute, and ``<ids>`` the request ids, space-separated. The frontend also reads ``=`` there, for
-  the same ids in the same order as the step line before it on that connection (a decode batch that
-  did not change: it reuses what it decoded), but the engine core does not write it for now
-  (``engine_core_figures.SAME_LINES``). A request id with a space in it makes the count disagree, and
-  the step is dropped.
+  recompute, and ``<ids>`` the request ids, space-separated, or ``=`` for the same ids in the same
+  order as the step line before it on that connection (a decode batch that did not change: the engine
+  core skips writing them, the frontend reuses what it decoded). A request id with a space in it makes
+  the count disagree, and the step is dropped.
 
 Any local process can connect to an abstract address, so what arrives is parsed strictly: a line that
 does not parse is dropped.
