@@ -58,7 +58,7 @@ from typing import Any
 from benchmarks import engine_core_figures, machine, vllm_figures, vllm_report, vllm_startup
 from benchmarks.hand_written import with_hand_written_tail
 from benchmarks.vllm_fleet import ENGINE_PYTHON, ENGINE_VENV, REPO, run_workload
-from benchmarks.vllm_setups import OTEL_PHASES, OTEL_REQUEST, QUICK_WORKLOADS, WORKLOADS
+from benchmarks.vllm_setups import OTEL_PHASES, OTEL_REQUEST, QUICK_WORKLOADS, VLLM_TRACING, WORKLOADS
 
 try:  # written beside this benchmark; absent in checkouts that predate it
     from benchmarks import vllm_adapter_cost
@@ -182,17 +182,28 @@ HISTORY_TEXT = [
     "index, at a cost per stall.",
 ]
 
-# What stands between a missed row and its target, from the sections below; kept under the table.
-WHY_ROWS_MISS = [
-    "Where a row misses, what stands in the way. The frontend ratios: what otel-llm adds is its per-step",
-    "path, 6.6 ms per 1,000 tokens in (a) (11.7 before issue 44). Of it, the outputs' replay is 1.7, the",
-    "read of the engine core's lines 2.6 (the `poll`, the hand-over of each step to the adapters and a",
-    "parse of its ids), `batch()` 0.9, the finishes 0.7 and the engine state 0.6 (the tables by feature",
-    "below). vLLM tracing adds 13 ms in (a), so a ratio of 0.3 asks for about 4 ms: the read and",
-    "`batch()` are where the rest is. The machine's load moves vLLM tracing's own figure by a third",
-    "between runs, and one variant's rounds now and then by more (tight's phases here), so each ratio is",
-    "also given for the even and the odd rounds apart.",
-]
+
+def why_rows_miss(results: dict[str, Any]) -> list[str]:
+    """What stands between the frontend ratios and their target, in this run's figures: workload (a)'s
+    added CPU by feature (the profile rounds) against what vLLM's tracing adds there."""
+    first = results["workloads"][0]
+    cells = [cell.split(" ")[0] for cell in vllm_report.feature_cells(first)]
+    if len(cells) < 7:
+        return []
+    tracing, ours = vllm_figures.added(first, VLLM_TRACING), vllm_figures.added(first, OTEL_PHASES)
+    return [
+        "Where a row misses, what stands in the way. The frontend ratios: in (a) otel-llm adds "
+        f"{ours:.1f} ms per 1,000 tokens to the frontend, vLLM tracing {tracing:.1f}, so a ratio of 0.3 "
+        f"asks for about {0.3 * tracing:.1f} ms. Of what otel-llm adds, its entry points on the main "
+        f"thread take {vllm_report.entry_points_total(first):.1f} ms (11.7 before issue 44): the outputs' "
+        f"replay {cells[1]}, the read of the engine core's lines {cells[2]} (the `poll`, the parse of a "
+        f"line whose batch changed, the hand-over of each step to the adapters), `batch()` {cells[3]}, "
+        f"settle {cells[4]} and the engine state {cells[6]}. The rest is outside them: vLLM's own threads "
+        "and the work its per-request events switch on (the breakdown under (a) below). Each of these "
+        "would have to shrink, the replay and the read most.",
+        "The machine's load moves vLLM tracing's own figure by a third between runs, and one variant's",
+        "rounds now and then by more, so each ratio is also given for the even and the odd rounds apart.",
+    ]
 
 
 def report(results: dict[str, Any]) -> str:
@@ -220,7 +231,7 @@ def report(results: dict[str, Any]) -> str:
         "",
         *vllm_report.targets_lines(rows),
         "",
-        *WHY_ROWS_MISS,
+        *why_rows_miss(results),
         "",
         "## Where the frontend's added CPU goes, by feature",
         "",
