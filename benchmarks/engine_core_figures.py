@@ -74,9 +74,8 @@ def changed_every_step(output: Any) -> list[Any]:
     """``output`` and the same step with its first two requests swapped: returned in turn, every step's
     ids differ from the step before (a batch that changed; an unchanged one is written as ``=``)."""
     scheduled = dict(output.num_scheduled_tokens)
-    first, second, *rest = scheduled
-    swapped = {first: scheduled[first], second: scheduled[second]}
-    swapped = {second: swapped[second], first: swapped[first], **{rid: scheduled[rid] for rid in rest}}
+    first, second, *_ = scheduled
+    swapped = {second: scheduled[second], first: scheduled[first], **scheduled}  # the rest keep their place
     return [output, SimpleNamespace(**{**vars(output), "num_scheduled_tokens": swapped})]
 
 

@@ -166,7 +166,7 @@ def test_a_frontend_reading_while_the_engine_core_writes_keeps_its_ring_and_ever
     frontend = FrontendFigures(os.getpid(), 45)
     code = textwrap.dedent(
         f"""
-        import socket, sys
+        import os, socket, sys
         from otel_llm.integrations.vllm.figure_lines import address, encode_step
         from otel_llm.integrations.vllm.step_ring import READ, RingWriter
         connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -176,7 +176,7 @@ def test_a_frontend_reading_while_the_engine_core_writes_keeps_its_ring_and_ever
         for k in range({steps}):
             line = encode_step(float(k), {{"a": 1, "b": 1 + k % 3}}, 2 + k % 3, None)
             while ring.written - ring._words[READ] > 32 * len(line):
-                pass  # the frontend is behind: wait for it (it reads in a loop)
+                os.sched_yield()  # the frontend is behind: let it read (it reads in a loop)
             while True:
                 written = ring.write(line)
                 if written is None:
