@@ -31,6 +31,7 @@ SUITE = [
     "tests/test_global_providers.py",
     "tests/test_identity.py",
     "tests/test_metrics_bridge.py",
+    "tests/test_otlp_wire.py",
     "tests/test_properties.py",
     "tests/test_setup.py",
     "tests/test_span_paths.py",

@@ -81,12 +81,15 @@ def destination(signal: Signal) -> Destination:
 
 
 def otlp_span_exporter(signal_protocol: str) -> SpanExporter:
-    """The SDK's OTLP span exporter for the protocol, configured entirely from the environment."""
+    """The SDK's OTLP span exporter for the protocol, configured entirely from the environment (over gRPC,
+    with otel_llm's own encoder: ``otel_llm.export.direct_grpc``)."""
     # Imported here so a process that exports over one protocol (or to files) never loads the other stack.
     if signal_protocol == PROTOCOL_GRPC:
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
+        from otel_llm.export.direct_grpc import grpc_span_exporter
 
-        return GrpcSpanExporter()
+        return grpc_span_exporter()
+    # The HTTP exporter encodes inside its export(), which differs between SDK releases: it keeps the
+    # SDK's encoder.
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
 
     return HttpSpanExporter()
