@@ -96,7 +96,7 @@ def test_the_index_finds_what_the_rule_over_token_times_finds(harness, monkeypat
     assert len(indexed) > len(pairs) / 2
     assert sum(len(b[1]) for _, b in indexed) > 100  # stalls enough to compare, of every kind below
     causes = {row[2] for _, b in indexed for row in b[1]}
-    assert {"idle", "unknown", "prefill", "preemption"} <= causes
+    assert {"idle", "slow_step", "prefill", "preemption"} <= causes
     for fast, exact in indexed:
         assert fast[1] == exact[1]  # the rows, each field
         assert [(c, n) for c, n, _ in fast[0]] == [(c, n) for c, n, _ in exact[0]]
@@ -106,7 +106,7 @@ def test_the_index_finds_what_the_rule_over_token_times_finds(harness, monkeypat
 def test_a_long_request_finds_its_stalls_past_the_exact_median(harness) -> None:
     """3,000 decode steps of 10 ms with a 60 ms step every 100th: the typical gap (estimated past 256
     gaps) is 10 ms, so the 30 slow steps after the first token are its stalls, each 60 ms, cause
-    ``unknown`` (nothing else in the step); the log indexes each step's gap once."""
+    ``slow_step`` (nothing else in the step); the log indexes each step's gap once."""
     t = harness.tracker
     t.queued("long", ts=0.0)
     t.scheduled(["long"], ts=0.0)
@@ -122,4 +122,11 @@ def test_a_long_request_finds_its_stalls_past_the_exact_median(harness) -> None:
     from otel_llm import semconv as sc
 
     assert tr.root.attributes[sc.LLM_STALLS] == 30
-    assert tr.root.attributes[sc.LLM_STALLED_PREFIX + "unknown"] == pytest.approx(30 * 0.060)
+    assert tr.root.attributes[sc.LLM_STALLED_PREFIX + "slow_step"] == pytest.approx(30 * 0.060)
+    # Each event says how long the step ran against the request's typical gap (16 events: the longest).
+    stalls = [e for e in tr.child(tr.root, sc.SPAN_DECODE).events if e.name == sc.EVENT_STALL]
+    assert len(stalls) == 16
+    for event in stalls:
+        assert event.attributes[sc.LLM_STALL_CAUSE] == sc.STALL_SLOW_STEP
+        assert event.attributes[sc.LLM_STALL_STEP_TIME] == pytest.approx(0.060)
+        assert event.attributes[sc.LLM_STALL_TYPICAL_GAP] == pytest.approx(0.010)

@@ -218,3 +218,24 @@ def test_a_stall_in_words_counts_its_steps_in_good_english() -> None:
     assert words(1).endswith("nothing in the one step in the gap explains it")
     assert words(3).endswith("nothing in the 3 steps in the gap explains it")
     assert words(1, sc.STALL_SKIPPED).endswith("(the one step in the gap)")
+
+
+def test_a_slow_step_in_words_says_how_long_it_ran_against_the_typical_gap() -> None:
+    from otel_llm import semconv as sc
+    from otel_llm.kit.waterfall_render import stall_words
+
+    attrs = {
+        sc.LLM_STALL_TOKEN: 11,
+        sc.LLM_STALL_CAUSE: sc.STALL_SLOW_STEP,
+        sc.LLM_STALL_DURATION: 0.0278,
+        sc.LLM_STALL_STEPS: 1,
+        sc.LLM_STALL_STEP_TIME: 0.0275,
+        sc.LLM_STALL_TYPICAL_GAP: 0.0045,
+    }
+    assert stall_words(attrs) == (
+        "token 11 waited 27.8 ms: the engine's step took 27.5 ms, 6.1x the typical 4.5 ms, "
+        "with nothing in it to blame"
+    )
+    # A trace from a release without the step's time still reads.
+    del attrs[sc.LLM_STALL_STEP_TIME]
+    assert stall_words(attrs).endswith(": the engine's step was slow, with nothing in it to blame")

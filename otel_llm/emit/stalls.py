@@ -1,8 +1,9 @@
 """A record's stalls (``otel_llm.record.Stalls``, from the ``batch()`` hook) -> span events and attributes.
 
 One ``llm.stall`` event per stall row, at the stalled token's time, saying its cause, how long it waited
-and what the steps in the gap computed; ``llm.request`` gets the count and the seconds by cause. Times are
-monotonic seconds; ``otel_llm.emit.spans`` places them.
+against the request's typical gap, what the steps in the gap computed and how long the longest ran;
+``llm.request`` gets the count and the seconds by cause. Times are monotonic seconds;
+``otel_llm.emit.spans`` places them.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ def stall_events(rec: RequestRecord) -> list[tuple[str, dict[str, Any], float]]:
     if not stalls:
         return []
     events = []
-    for t0, t1, cause, token, prefill, recompute, decode, steps, named in stalls[1]:
+    for t0, t1, cause, token, prefill, recompute, decode, steps, named, took, typical in stalls[1]:
         attrs: dict[str, Any] = {
             sc.LLM_STALL_CAUSE: cause,
             sc.LLM_STALL_DURATION: t1 - t0,
@@ -28,7 +29,10 @@ def stall_events(rec: RequestRecord) -> list[tuple[str, dict[str, Any], float]]:
             sc.LLM_STALL_PREFILL_TOKENS: prefill,
             sc.LLM_STALL_RECOMPUTE_TOKENS: recompute,
             sc.LLM_STALL_DECODE_TOKENS: decode,
+            sc.LLM_STALL_TYPICAL_GAP: typical,
         }
+        if steps:
+            attrs[sc.LLM_STALL_STEP_TIME] = took
         if named:
             attrs[sc.LLM_STALL_REQUESTS] = tuple(rid for rid, _ in named)
             attrs[sc.LLM_STALL_REQUEST_TOKENS] = tuple(n for _, n in named)

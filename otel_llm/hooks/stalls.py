@@ -15,7 +15,8 @@ seconds. The rule (docs/lifecycle.md, "Stalls"):
   ``idle`` when the steps cover less than half of it (the engine ran no step), else ``prefill`` or
   ``recompute`` when other requests' prefill / recompute tokens in those steps outnumber their decode
   tokens (the larger of the two), else ``skipped`` when some of the steps did not hold it (the engine
-  busy with others), else ``unknown`` (a slow step with nothing to blame).
+  busy with others), else ``slow_step``: the step that held it ran long itself, with nothing in it to
+  blame (a busy machine, a pause). Each row also gives the longest step's own time and the typical gap.
 
 The cost is per stall, not per step (``find_logged``): the log keeps each step's gap and the steps by
 the class of their gap (``BatchLog.at_least``), so a request's gaps that stand out are found among the
@@ -43,10 +44,10 @@ MAX_NAMED = 3  # requests named per stall, the largest by tokens first
 EXACT_GAPS = 256  # decode gaps up to which the typical gap is their exact median
 _NOBODY: frozenset[Any] = frozenset()
 # A step's shared explanation (``_explain_step``): its cause, and the requests with prefill or recompute.
-_CAUSE, _HEAVY = itemgetter(0), itemgetter(6)
+_CAUSE, _HEAVY = itemgetter(0), itemgetter(7)
 
 CAUSE_PREEMPTION, CAUSE_PREFILL, CAUSE_RECOMPUTE = sc.STALL_PREEMPTION, sc.STALL_PREFILL, sc.STALL_RECOMPUTE
-CAUSE_IDLE, CAUSE_SKIPPED, CAUSE_UNKNOWN = sc.STALL_IDLE, sc.STALL_SKIPPED, sc.STALL_UNKNOWN
+CAUSE_IDLE, CAUSE_SKIPPED, CAUSE_SLOW_STEP = sc.STALL_IDLE, sc.STALL_SKIPPED, sc.STALL_SLOW_STEP
 
 
 def _windows(fin: FinishedRequest) -> Iterator[tuple[float, float, int, bool]]:
@@ -124,10 +125,10 @@ def find(
     totals: dict[str, list[Any]] = {}
     for t0, t1, number, preemption in found:
         if preemption:
-            row: StallRow = (t0, t1, CAUSE_PREEMPTION, number, 0, 0, 0, 0, ())
+            row: StallRow = (t0, t1, CAUSE_PREEMPTION, number, 0, 0, 0, 0, (), 0.0, typical)
         else:
             inside = steps[bisect_right(ends, t0) : bisect_right(ends, t1)]
-            row = _explain(rid, t0, t1, number, inside)
+            row = _explain(rid, t0, t1, number, inside, typical)
         rows.append(row)
         total = totals.setdefault(row[2], [row[2], 0, 0.0])
         total[1] += 1
@@ -179,7 +180,9 @@ def find_logged(fin: FinishedRequest, log: BatchLog) -> Stalls | None:
     threshold = max(STALL_RATIO * typical, STALL_FLOOR_S)
     # Stalls explained one by one, as rows: the preemptions' gaps, and each run's first gap.
     rows: list[StallRow] = [
-        (t0, t1, CAUSE_PREEMPTION, n, 0, 0, 0, 0, ()) for t0, t1, n in over if t1 - t0 >= threshold
+        (t0, t1, CAUSE_PREEMPTION, n, 0, 0, 0, 0, (), 0.0, typical)
+        for t0, t1, n in over
+        if t1 - t0 >= threshold
     ]
     inner: list[int] = []  # the stalls that are a step's gap: that step's index
     shifts: list[tuple[int, int]] = []  # (a run's first index, what turns an index into a token number)
@@ -189,7 +192,7 @@ def find_logged(fin: FinishedRequest, log: BatchLog) -> Stalls | None:
         shift = number - lo + logged  # the token number of the gap that ends at step i: i + shift
         if logged and ends[lo] - w0 >= threshold:
             inside = steps[lo : bisect_right(ends, ends[lo])]
-            rows.append(_explain(rid, w0, ends[lo], lo + shift, inside))
+            rows.append(_explain(rid, w0, ends[lo], lo + shift, inside, typical))
         shifts.append((lo, shift))
         inner.extend(log.at_least(threshold, lo + 1, hi))
     base, explained = log.base, log.explained
@@ -199,13 +202,13 @@ def find_logged(fin: FinishedRequest, log: BatchLog) -> Stalls | None:
             shared[k] = explained[base + inner[k]] = _explain_step(steps, ends, inner[k])
     own: list[int] = []
     if False in shared or any(map(_HEAVY, shared)):
-        own = [k for k, e in enumerate(shared) if e is False or rid in e[6]]
+        own = [k for k, e in enumerate(shared) if e is False or rid in e[7]]
     if own:  # steps that left a running request out, or hold its own prefill or recompute: its rows
         for k in own:
             i = inner[k]
             t0, t1 = ends[i - 1], ends[i]
             inside = steps[bisect_right(ends, t0) : bisect_right(ends, t1)]
-            rows.append(_explain(rid, t0, t1, i + _shift(shifts, i), inside))
+            rows.append(_explain(rid, t0, t1, i + _shift(shifts, i), inside, typical))
         mine = set(own)
         keep = [k not in mine for k in range(len(inner))]
         inner, shared = list(compress(inner, keep)), list(compress(shared, keep))
@@ -235,7 +238,7 @@ def find_logged(fin: FinishedRequest, log: BatchLog) -> Stalls | None:
         chosen = sorted(sorted(chosen, key=durations.__getitem__, reverse=True)[:MAX_STALL_ROWS])
     for k in chosen:
         i = inner[k]
-        cause, prefill, recompute, decode_tokens, count_steps, named, _ = shared[k]
+        cause, prefill, recompute, decode_tokens, count_steps, named, step_s, _ = shared[k]
         rows.append(
             (
                 ends[i - 1],
@@ -247,6 +250,8 @@ def find_logged(fin: FinishedRequest, log: BatchLog) -> Stalls | None:
                 decode_tokens,
                 count_steps,
                 named,
+                step_s,
+                typical,
             )
         )
     rows.sort()
@@ -269,32 +274,38 @@ def _shift(shifts: list[tuple[int, int]], i: int) -> int:
 
 def _explain_step(steps: list[BatchStep], ends: list[float], i: int) -> Any:
     """The explanation of the gap that ends at step ``i`` for any request held in the steps inside it and
-    not among their prefill or recompute work: (cause, prefill, recompute, decode, steps, named) and the
-    requests with such work; False when a step inside did not hold every running request."""
+    not among their prefill or recompute work: (cause, prefill, recompute, decode, steps, named, the
+    longest step's time) and the requests with such work; False when a step inside did not hold every
+    running request."""
     t0, t1 = ends[i - 1], ends[i]
     inside = steps[bisect_right(ends, t0) : bisect_right(ends, t1)]
     if len(inside) == 1:  # the common one: a step alone in the gap, every running request in it
         step = inside[0]
         if step.members is not None:
             return False
-        if not step.heavy:  # nothing to blame but the engine: idle or unknown, as _explain says
+        if not step.heavy:  # nothing to blame but the engine: idle or a slow step, as _explain says
             covered = step.end - max(step.start, t0)  # type: ignore[operator]
-            cause = CAUSE_IDLE if covered < (t1 - t0) / 2 else CAUSE_UNKNOWN
-            return (cause, 0, 0, step.decode + step.spec, 1, (), _NOBODY)
+            cause = CAUSE_IDLE if covered < (t1 - t0) / 2 else CAUSE_SLOW_STEP
+            took = step.end - step.start  # type: ignore[operator]
+            return (cause, 0, 0, step.decode + step.spec, 1, (), took, _NOBODY)
     if any(s.members is not None for s in inside):
         return False
-    row = _explain(None, t0, t1, 0, inside)
-    return (*row[2:3], *row[4:], frozenset(other for s in inside for other, _, _ in s.heavy))
+    row = _explain(None, t0, t1, 0, inside, 0.0)
+    return (row[2], *row[4:10], frozenset(other for s in inside for other, _, _ in s.heavy))
 
 
-def _explain(rid: Any, t0: float, t1: float, number: int, inside: list[BatchStep]) -> StallRow:
-    """One decode gap's row: ``inside``, the steps that ended inside (t0, t1], and what they computed."""
+def _explain(
+    rid: Any, t0: float, t1: float, number: int, inside: list[BatchStep], typical: float
+) -> StallRow:
+    """One decode gap's row: ``inside``, the steps that ended inside (t0, t1], and what they computed;
+    ``typical``: the request's typical gap."""
     prefill = recompute = decode = skipped = 0
-    covered = 0.0
+    covered = took = 0.0
     by_request: dict[Any, int] = {}
     for s in inside:
         decode += s.decode + s.spec
         covered += s.end - max(s.start, t0)  # type: ignore[operator]
+        took = max(took, s.end - s.start)  # type: ignore[operator]
         if not s.holds(rid):
             skipped += 1
         for other, n, kind in s.heavy:
@@ -312,8 +323,8 @@ def _explain(rid: Any, t0: float, t1: float, number: int, inside: list[BatchStep
         cause = CAUSE_PREFILL if prefill >= recompute else CAUSE_RECOMPUTE
     elif skipped:
         cause = CAUSE_SKIPPED
-    else:
-        cause = CAUSE_UNKNOWN
+    else:  # it was in every step, and they ran most of the gap: the step itself was slow
+        cause = CAUSE_SLOW_STEP
     named = sorted(by_request.items(), key=lambda item: item[1], reverse=True)[:MAX_NAMED]
     return (
         t0,
@@ -325,4 +336,6 @@ def _explain(rid: Any, t0: float, t1: float, number: int, inside: list[BatchStep
         decode,
         len(inside),
         tuple((str(other), n) for other, n in named),
+        took,
+        typical,
     )

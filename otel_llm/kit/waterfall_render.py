@@ -177,7 +177,7 @@ def stalls(span: SpanRecord) -> list[tuple[int, int, dict[str, object]]]:
 
 def stall_words(attrs: dict[str, object]) -> str:
     """One ``llm.stall`` event in words: which token waited how long, and for what."""
-    token, cause = attrs.get(sc.LLM_STALL_TOKEN, "?"), attrs.get(sc.LLM_STALL_CAUSE, "unknown")
+    token, cause = attrs.get(sc.LLM_STALL_TOKEN, "?"), attrs.get(sc.LLM_STALL_CAUSE, sc.STALL_UNKNOWN)
     text = f"token {token} waited {fmt_time(attrs.get(sc.LLM_STALL_DURATION))}"
     steps = attrs.get(sc.LLM_STALL_STEPS)
     in_steps = f"in the same {steps} steps" if steps != 1 else "in the same step"
@@ -193,11 +193,24 @@ def stall_words(attrs: dict[str, object]) -> str:
         amount = f"{tokens:,}" if isinstance(tokens, int) else "?"
         return f"{text}: {who} {verb} {amount} tokens {in_steps} ({named})"
     in_gap = "the one step in the gap" if steps == 1 else f"the {steps} steps in the gap"
+    if cause == sc.STALL_SLOW_STEP:
+        return text + _slow_step(attrs)
     return text + {
         sc.STALL_PREEMPTION: ": it was preempted",
         sc.STALL_IDLE: ": the engine ran no step for most of it",
         sc.STALL_SKIPPED: f": the engine ran steps without it ({in_gap})",
     }.get(str(cause), f": nothing in {in_gap} explains it")
+
+
+def _slow_step(attrs: dict[str, object]) -> str:
+    """``: the engine's step took 28 ms, 6.1x its typical 4.6 ms``, as far as the event says."""
+    took, typical = attrs.get(sc.LLM_STALL_STEP_TIME), attrs.get(sc.LLM_STALL_TYPICAL_GAP)
+    if not isinstance(took, (int, float)):
+        return ": the engine's step was slow, with nothing in it to blame"
+    text = f": the engine's step took {fmt_time(took)}"
+    if isinstance(typical, (int, float)) and typical > 0:
+        text += f", {took / typical:.1f}x the typical {fmt_time(typical)}"
+    return text + ", with nothing in it to blame"
 
 
 def _merged(cells: list[Segment]) -> Line:

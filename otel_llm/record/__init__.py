@@ -111,8 +111,10 @@ StepWindow = tuple[int, int, float, float, int, "tuple[EngineStepRow, ...]"]
 # Stall tuple fields (``RequestRecord.stalls`` rows, docs/lifecycle.md "Stalls"): gap start (the token
 # before), gap end (the stalled token), cause, the stalled token's number (1 = the first), other requests'
 # prefill and recompute tokens and the decode tokens in the steps that ended inside the gap, those steps,
-# and the other requests with prefill or recompute work there as (request id, tokens), largest first.
-StallRow = tuple[float, float, str, int, int, int, int, int, "tuple[tuple[str, int], ...]"]
+# the other requests with prefill or recompute work there as (request id, tokens), largest first, the
+# longest of those steps' own time (start to end; 0.0 for a preemption's gap), and the request's typical
+# gap (both in seconds).
+StallRow = tuple[float, float, str, int, int, int, int, int, "tuple[tuple[str, int], ...]", float, float]
 # ``RequestRecord.stalls``: ((cause, stalls, seconds), ...) over every stall, and the longest
 # ``MAX_STALL_ROWS`` rows in time order.
 Stalls = tuple["tuple[tuple[str, int, float], ...]", "tuple[StallRow, ...]"]
