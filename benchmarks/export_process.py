@@ -9,7 +9,9 @@ GPU). Each variant runs in a process of its own, rounds interleaved:
 
 - ``bare``: the same loop calling no hook at all (what the engine costs without otel_llm);
 - ``in_process``: ``configure(export_mode="in_process")``: spans and metrics built and exported here;
-- ``process``: ``configure(export_mode="process")``: records sent to the export process.
+- ``process``: ``configure(export_mode="process")``: records sent to the export process;
+- ``process_sdk_encoder``: the same, with the SDK's OTLP encoder (``OTEL_LLM_OTLP_ENCODER=sdk``): what
+  otel_llm's own encoder saves the export process, in the same run.
 
 Measured in each, over a window that starts after a warm-up and ends after ``Telemetry.force_flush()``
 (so the export work of the window's requests is in it, wherever it runs): the engine process's CPU
@@ -39,7 +41,8 @@ from benchmarks.report import Measure
 BATCH = 64
 TOKENS = 16
 STEP_S = 0.005  # 64 slots / 16 steps per request * 200 steps/s = 800 finished requests/s
-VARIANTS = ("bare", "in_process", "process")
+VARIANTS = ("bare", "in_process", "process", "process_sdk_encoder")
+SDK_ENCODER = "process_sdk_encoder"  # ``process`` with the SDK's OTLP encoder (OTEL_LLM_OTLP_ENCODER=sdk)
 
 
 class NoHooks:
@@ -105,7 +108,8 @@ def worker(variant: str, requests: int, warmup: int) -> dict[str, Any]:
     if variant != "bare":
         import otel_llm
 
-        telemetry = otel_llm.configure(set_global=False, service_name="bench-export", export_mode=variant)
+        mode = "process" if variant == SDK_ENCODER else variant
+        telemetry = otel_llm.configure(set_global=False, service_name="bench-export", export_mode=mode)
         tracker = otel_llm.RequestTracker(
             tracer_provider=telemetry.tracer_provider, meter_provider=telemetry.meter_provider, model="bench"
         )
@@ -144,6 +148,8 @@ def _run_worker(variant: str, requests: int, warmup: int, endpoint: str) -> dict
         OTEL_METRIC_EXPORT_INTERVAL="600000",
         OTEL_BSP_MAX_QUEUE_SIZE="100000",  # every trace kept: nothing dropped for lack of room
     )
+    if variant == SDK_ENCODER:
+        env["OTEL_LLM_OTLP_ENCODER"] = "sdk"
     out = subprocess.run(
         [sys.executable, "-m", "benchmarks.export_process", "--worker", variant, str(requests), str(warmup)],
         env=env,
@@ -204,6 +210,20 @@ def measures(result: dict[str, Any]) -> list[Measure]:
                 "ns",
                 statistics.median(export),
                 spread=(min(export), max(export)),
+            )
+        )
+    sdk_export = per_request(runs.get(SDK_ENCODER, []), "export_cpu_ns")
+    if sdk_export:
+        ours = per_request(runs["process"], "export_cpu_ns")
+        out.append(
+            Measure(
+                "export",
+                "export-process CPU per finished request, export mode process, otel_llm's OTLP encoder vs "
+                "the SDK's",
+                "ns",
+                statistics.median(ours),
+                {"the SDK's encoder (OTEL_LLM_OTLP_ENCODER=sdk)": statistics.median(sdk_export)},
+                spread=(min(ours), max(ours)),
             )
         )
     out.append(

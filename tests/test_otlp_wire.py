@@ -234,3 +234,18 @@ def test_the_grpc_exporter_sends_the_wire_encoders_request(monkeypatch: pytest.M
         (received,) = receiver.collected.received("traces")
     sdk = sdk_encode_spans(spans)
     assert received.request.SerializeToString(deterministic=True) == sdk.SerializeToString(deterministic=True)
+
+
+def test_the_sdk_encoder_is_one_variable_away(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_LLM_OTLP_ENCODER", "sdk")
+    exporter = otlp.otlp_span_exporter(otlp.PROTOCOL_GRPC)
+    try:
+        assert type(exporter) is SdkGrpcSpanExporter
+    finally:
+        exporter.shutdown()
+
+
+def test_an_encoder_otel_llm_does_not_know_stops_configure(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_LLM_OTLP_ENCODER", "fast")
+    with pytest.raises(ValueError, match="OTEL_LLM_OTLP_ENCODER='fast' is not supported"):
+        otel_llm.configure(set_global=False, service_name="wire-test")

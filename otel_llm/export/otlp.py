@@ -25,6 +25,9 @@ _PROTOCOLS = (PROTOCOL_GRPC, PROTOCOL_HTTP)
 
 ENV_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
 ENV_PROTOCOL = "OTEL_EXPORTER_OTLP_PROTOCOL"
+# Who writes OTLP/gRPC span requests: otel_llm's encoder (``otel_llm.export.otlp_wire``), or the SDK's.
+ENV_ENCODER = "OTEL_LLM_OTLP_ENCODER"
+ENCODER_OTEL_LLM, ENCODER_SDK = "otel_llm", "sdk"
 # "otlp" is the standard default; "file" forces the OTLP-JSON files even when an endpoint is set.
 _KINDS = ("otlp", "file", "none")
 
@@ -61,6 +64,17 @@ def protocol(signal: Signal) -> str:
     return DEFAULT_PROTOCOL
 
 
+def encoder() -> str:
+    """``otel_llm`` (the default) or ``sdk``, from ``OTEL_LLM_OTLP_ENCODER``; ValueError for anything else."""
+    value = _env(ENV_ENCODER).lower() or ENCODER_OTEL_LLM
+    if value not in (ENCODER_OTEL_LLM, ENCODER_SDK):
+        raise ValueError(
+            f"{ENV_ENCODER}={value!r} is not supported: set it to {ENCODER_OTEL_LLM!r} (the default: otel_llm "
+            f"writes OTLP/gRPC span requests itself) or {ENCODER_SDK!r} (the SDK's encoder), or unset it"
+        )
+    return value
+
+
 def destination(signal: Signal) -> Destination:
     """Where a signal goes: ``otlp`` (an endpoint is configured), ``file`` (the embedded default) or ``none``.
 
@@ -75,6 +89,8 @@ def destination(signal: Signal) -> Destination:
             f"OTLP when an endpoint is configured, else OTLP-JSON files), 'file' or 'none'"
         )
     protocol(signal)
+    if signal == "traces":
+        encoder()
     if kind == "otlp" and not endpoint_configured(signal):
         return "file"
     return kind  # type: ignore[return-value]
@@ -82,9 +98,13 @@ def destination(signal: Signal) -> Destination:
 
 def otlp_span_exporter(signal_protocol: str) -> SpanExporter:
     """The SDK's OTLP span exporter for the protocol, configured entirely from the environment (over gRPC,
-    with otel_llm's own encoder: ``otel_llm.export.direct_grpc``)."""
+    with otel_llm's own encoder, ``otel_llm.export.direct_grpc``, unless ``OTEL_LLM_OTLP_ENCODER=sdk``)."""
     # Imported here so a process that exports over one protocol (or to files) never loads the other stack.
     if signal_protocol == PROTOCOL_GRPC:
+        if encoder() == ENCODER_SDK:
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+            return OTLPSpanExporter()
         from otel_llm.export.direct_grpc import grpc_span_exporter
 
         return grpc_span_exporter()
