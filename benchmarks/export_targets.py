@@ -116,7 +116,10 @@ def rows(measures: Sequence[Measure]) -> list[tuple[str, str, str, bool | None, 
         )
     total_cpu, encoders = _find(measures, TOTAL), _find(measures, ENCODERS)
     if total_cpu is not None and engine is not None and export is not None:
-        beside = [f"engine {fmt(engine.ours, 'ns')} + export process {fmt(export.ours, 'ns')}"]
+        beside = [
+            f"the rounds' median; the parts' medians: engine {fmt(engine.ours, 'ns')}, export process "
+            f"{fmt(export.ours, 'ns')}"
+        ]
         if encoders is not None:
             sdk = next(iter(encoders.peers.values()))
             beside.append(f"export process with the SDK's encoder in the same run: {fmt(sdk, 'ns')}")
