@@ -69,8 +69,9 @@ def encoder() -> str:
     value = _env(ENV_ENCODER).lower() or ENCODER_OTEL_LLM
     if value not in (ENCODER_OTEL_LLM, ENCODER_SDK):
         raise ValueError(
-            f"{ENV_ENCODER}={value!r} is not supported: set it to {ENCODER_OTEL_LLM!r} (the default: otel_llm "
-            f"writes OTLP/gRPC span requests itself) or {ENCODER_SDK!r} (the SDK's encoder), or unset it"
+            f"{ENV_ENCODER}={value!r} is not supported: set it to {ENCODER_OTEL_LLM!r} (the default: "
+            f"otel_llm writes OTLP/gRPC span requests itself) or {ENCODER_SDK!r} (the SDK's encoder), or "
+            "unset it"
         )
     return value
 
