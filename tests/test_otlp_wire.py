@@ -25,6 +25,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
 import otel_llm
+from otel_llm import semconv as sc
 from otel_llm.export import otlp
 from otel_llm.export.otlp_wire import encode_spans
 from tests.otlp_receivers import GrpcReceiver
@@ -44,8 +45,8 @@ def assert_encoded_alike(spans: Sequence[ReadableSpan]) -> ExportTraceServiceReq
 
 
 def tracker_spans(detail: str) -> list[ReadableSpan]:
-    """The spans of a real tracker run: 12 requests in batches, two preempted, one stalled behind a
-    prefill, every step reported with ``batch()``."""
+    """The spans of a real tracker run: 12 requests in batches, two preempted and recomputed (the
+    others stall behind that step), three cut short, every step reported with ``batch()``."""
     memory = InMemorySpanExporter()
     provider = TracerProvider(resource=Resource.create({"service.name": "wire", "deployment.env": "test"}))
     provider.add_span_processor(SimpleSpanProcessor(memory))
@@ -60,18 +61,20 @@ def tracker_spans(detail: str) -> list[ReadableSpan]:
     tracker.batch({rid: 40 for rid in ids[:8]}, ts=t + 0.001)
     tracker.tokens(ids[:8], ts=t + 0.01)
     running = ids[:8]
+    t += 0.01
     for step in range(1, 30):
-        t = T0 + 0.1 * (step + 1)
+        t += 0.01
         if step == 5:
             tracker.preempted(["r0", "r1"], ts=t)
             running = [r for r in running if r not in ("r0", "r1")]
-        if step == 8:
+        if step == 8:  # two recomputes and a prompt: a step six times as long, a recompute stall
             tracker.scheduled(["r0", "r1", "r8"], ts=t)
             tracker.batch(
                 {**{r: 1 for r in running}, "r0": 45, "r1": 45, "r8": 40}, ts=t, recompute=["r0", "r1"]
             )
             running = [*running, "r0", "r1", "r8"]
-            tracker.tokens(running, ts=t + 0.05)  # the prefills stall every running request
+            t += 0.05
+            tracker.tokens(running, ts=t)
             continue
         tracker.batch({r: 1 for r in running}, ts=t)
         tracker.tokens(running, ts=t + 0.008)
@@ -96,7 +99,15 @@ def test_a_tracker_run_encodes_as_the_sdk_encodes_it(detail: str) -> None:
     assert len(encoded) == len(spans)
     if detail == "steps":
         assert any(s.links for s in encoded), "no span with links: the run did not exercise them"
-    assert any(s.events for s in encoded)
+    causes = {
+        kv.value.string_value
+        for s in encoded
+        for e in s.events
+        if e.name == sc.EVENT_STALL
+        for kv in e.attributes
+        if kv.key == sc.LLM_STALL_CAUSE
+    }
+    assert {sc.STALL_RECOMPUTE, sc.STALL_PREEMPTION} <= causes, causes  # stall events, every field
 
 
 def context(
