@@ -117,6 +117,11 @@ LLM_STALL_REQUESTS = "llm.stall.requests"  # string[]: the other requests with t
 LLM_STALL_REQUEST_TOKENS = "llm.stall.request_tokens"  # int[]: their tokens, in the same order
 LLM_STALLS = "llm.stalls"  # on llm.request: its stalls (all of them; events for the longest 16)
 LLM_STALLED_PREFIX = "llm.stalled."  # on llm.request: + cause, the seconds stalled for that cause
+# On llm.request, from the batch() hook (docs/lifecycle.md, "Engine time"): seconds of the engine's steps
+# that went to the request (each step's time split by the tokens it computed for each request), and of
+# those, the seconds spent recomputing after its preemptions.
+LLM_ENGINE_TIME = "llm.engine.time"
+LLM_ENGINE_TIME_RECOMPUTE = "llm.engine.time.recompute"
 # On otel_llm.sampling.decisions: keep / drop, and the rule that decided.
 LLM_SAMPLING_DECISION = "decision"
 LLM_SAMPLING_REASON = "reason"
@@ -199,6 +204,12 @@ METRIC_RECOMPUTE_CACHED_TOKENS = "llm.server.recompute.cached_tokens"
 METRIC_KV_TRANSFER = "llm.server.kv_transfer.duration"
 # Histogram, s: per request and cause it stalled for, its seconds stalled (attribute llm.stall.cause).
 METRIC_STALLED = "llm.server.stalled.duration"
+# Counter, s: engine seconds of finished requests (RequestTracker.batch), by llm.engine.work and the request
+# attributes in OTEL_LLM_ENGINE_TIME_ATTRIBUTES.
+METRIC_ENGINE_TIME = "llm.server.engine.time"
+LLM_ENGINE_WORK = "llm.engine.work"
+ENGINE_WORK_COMPUTE = "compute"  # the request's prompt and output tokens, computed for the first time
+ENGINE_WORK_RECOMPUTE = "recompute"  # computed again after a preemption evicted its KV cache
 METRIC_KV_TRANSFER_BYTES = "llm.server.kv_transfer.bytes"
 
 # The engine's own state, reported through RequestTracker.engine_state() (once per step or stats interval).

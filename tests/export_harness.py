@@ -250,12 +250,14 @@ class ExportHarness(Reads):
 
     mode = "process"
 
-    def __init__(self, **tracker_kwargs: Any) -> None:
+    def __init__(self, env: Mapping[str, str] | None = None, **tracker_kwargs: Any) -> None:
+        """``env``: more variables of the environment ``configure()`` sees (and so the export process)."""
         from otel_llm.setup import configure
 
         self.receiver = GrpcReceiver()
         self.receiver.start()
         settings = {
+            **(env or {}),
             "OTEL_EXPORTER_OTLP_ENDPOINT": self.receiver.endpoint,
             "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
             "OTEL_METRIC_EXPORT_INTERVAL": "600000",  # metrics leave on a flush only

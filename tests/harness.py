@@ -8,7 +8,8 @@ export-process harness (tests/export_harness.py) offers the same reads over a re
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from metric_capture import MetricCapture
@@ -95,16 +96,26 @@ class Harness(Reads):
 
     mode = "in_process"
 
-    def __init__(self, **tracker_kwargs: Any) -> None:
+    def __init__(self, env: Mapping[str, str] | None = None, **tracker_kwargs: Any) -> None:
+        """``env``: variables of the environment while the tracker is built (it reads them then)."""
         self.span_exporter = InMemorySpanExporter()
         self.tracer_provider = TracerProvider()
         self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.span_exporter))
         self.capture = MetricCapture()  # the SDK's InMemoryMetricReader on a user-built provider
         self.meter_provider = self.capture.meter_provider
         tracker_kwargs.setdefault("model", "test-model")
-        self.tracker = RequestTracker(
-            tracer_provider=self.tracer_provider, meter_provider=self.meter_provider, **tracker_kwargs
-        )
+        saved = {name: os.environ.get(name) for name in env or {}}
+        os.environ.update(env or {})
+        try:
+            self.tracker = RequestTracker(
+                tracer_provider=self.tracer_provider, meter_provider=self.meter_provider, **tracker_kwargs
+            )
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
     def finished_spans(self) -> list[ReadableSpan]:
         return list(self.span_exporter.get_finished_spans())

@@ -23,6 +23,7 @@ the provider is an SDK one, which means the SDK is loaded already.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -95,6 +96,7 @@ _LATENCIES = (
 )
 # Histograms whose values are not seconds.
 _UNITS = {sc.METRIC_STEP_TOKENS: sc.UNIT_TOKEN}
+ENV_ENGINE_TIME_ATTRIBUTES = "OTEL_LLM_ENGINE_TIME_ATTRIBUTES"
 _ITL_DESCRIPTION = "Inter-token latency: gap between consecutive tokens events"
 _STALLED_DESCRIPTION = (
     "Per request and stall cause (llm.stall.cause), its seconds stalled between tokens (engines that "
@@ -179,6 +181,19 @@ class RequestMetrics:
             counter=True,
         )
         self.recompute_work = RecomputeCounters(self.observe)  # tokens recomputed / cached, per preemption
+        # Engine seconds of finished requests (the batch() hook), by the values of the request attributes
+        # the operator chose, then [first computation, recompute].
+        self._engine_time_keys = engine_time_keys()
+        self.engine_time: dict[tuple[Any, ...], list[float]] = {}
+        self.observe(
+            sc.METRIC_ENGINE_TIME,
+            sc.UNIT_SECONDS,
+            "Engine seconds spent on finished requests: each step's time split among its requests by the "
+            "tokens it computed for each (engines that report their batches); llm.engine.work says "
+            "whether it was recomputing after a preemption",
+            self._observe_engine_time,
+            counter=True,
+        )
 
     # --- which recorders, for which provider ----------------------------------------------------------
 
@@ -352,6 +367,15 @@ class RequestMetrics:
             if stalls:
                 for cause, _, seconds in stalls[0]:
                     self._stalled(cause).add(seconds, ref)
+            cost = rec.engine_time
+            if cost is not None:
+                keys = self._engine_time_keys
+                key = tuple(map(_hashable, map((rec.attributes or {}).get, keys))) if keys else ()
+                totals = self.engine_time.get(key)
+                if totals is None:
+                    totals = self.engine_time[key] = [0.0, 0.0]
+                totals[0] += cost[0] - cost[1]
+                totals[1] += cost[1]
             if rec.handed_off:
                 return  # its tokens are counted once, by the decode instance that finishes it
             if rec.prompt_tokens:
@@ -405,6 +429,18 @@ class RequestMetrics:
             out.append((self.output_tokens, {sc.GEN_AI_TOKEN_TYPE: sc.TOKEN_TYPE_OUTPUT}))
         return out
 
+    def _observe_engine_time(self) -> list[tuple[float, dict[str, Any]]]:
+        with self._lock:
+            totals = [(key, list(values)) for key, values in self.engine_time.items()]
+        keys = self._engine_time_keys
+        out: list[tuple[float, dict[str, Any]]] = []
+        for key, (first, again) in totals:
+            chosen = {k: v for k, v in zip(keys, key) if v is not None}
+            out.append((first, {**chosen, sc.LLM_ENGINE_WORK: sc.ENGINE_WORK_COMPUTE}))
+            if again:
+                out.append((again, {**chosen, sc.LLM_ENGINE_WORK: sc.ENGINE_WORK_RECOMPUTE}))
+        return out
+
     def _observe_preemptions(self) -> list[tuple[float, dict[str, Any]]]:
         return [(self.preemptions, {})] if self.preemptions else []
 
@@ -424,6 +460,19 @@ class PerStep:
     def add(self, value: float, n: int = 1) -> None:
         for _ in range(n):
             self.latency.add(value, None)
+
+
+def engine_time_keys() -> tuple[str, ...]:
+    """The request attributes the engine-time counter is split by: ``OTEL_LLM_ENGINE_TIME_ATTRIBUTES``, a
+    comma-separated list of attribute keys (e.g. ``tenant,lora.adapter``); none by default."""
+    value = os.environ.get(ENV_ENGINE_TIME_ATTRIBUTES, "")
+    return tuple(dict.fromkeys(k.strip() for k in value.split(",") if k.strip()))
+
+
+def _hashable(value: Any) -> Any:
+    """An attribute value as a dict key: a sequence (a list once it crossed to the export process) as a
+    tuple."""
+    return tuple(value) if isinstance(value, list) else value
 
 
 def _unit(name: str) -> str:

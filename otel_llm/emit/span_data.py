@@ -72,6 +72,9 @@ def root_attributes(rec: RequestRecord, iv: Intervals, base: dict[str, Any]) -> 
         attrs[sc.ERROR_TYPE] = rec.error_type
     if rec.stalls is not None:
         attrs.update(stall_attributes(rec))
+    cost = rec.engine_time
+    if cost is not None:
+        attrs[sc.LLM_ENGINE_TIME], attrs[sc.LLM_ENGINE_TIME_RECOMPUTE] = cost
     attrs.update(iv.span_attributes())
     return attrs
 

@@ -2,9 +2,10 @@
 
 An engine that calls ``RequestTracker.batch(scheduled)`` once per step (vLLM's
 ``SchedulerOutput.num_scheduled_tokens``: request id -> tokens the step computes for it) lets the tracker
-say why a request's tokens stalled (``otel_llm.hooks.stalls``). Each call becomes one ``BatchStep`` in a
-bounded log; the next ``tokens()`` call sets its end. An engine that never calls it pays one ``None`` check
-per ``tokens()`` call and nothing else.
+say why a request's tokens stalled (``otel_llm.hooks.stalls``) and what each request cost the engine
+(``otel_llm.hooks.engine_time``). Each call becomes one ``BatchStep`` in a bounded log; the next
+``tokens()`` call sets its end. An engine that never calls it pays one ``None`` check per ``tokens()``
+call and nothing else.
 
 Kinds of work, decided here from the request's own timeline (the tracker knows its phase; the engine
 only counts tokens): ``prefill`` (its prompt, before the first token), ``recompute`` (after a
@@ -18,9 +19,9 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right
-from collections.abc import Collection, Mapping
-from itertools import compress, repeat
-from operator import mul, sub
+from collections.abc import Collection, Mapping, Sequence
+from itertools import accumulate, compress, islice, repeat
+from operator import attrgetter, mul, sub, truediv
 from typing import Any
 
 from otel_llm.hooks.timeline import Timeline
@@ -33,23 +34,42 @@ MAX_HEAVY = 8
 
 PREFILL, RECOMPUTE, DECODE, SPEC = "prefill", "recompute", "decode", "spec"
 
+_START, _TOKENS = attrgetter("start"), attrgetter("tokens")
+
 
 class BatchStep:
     """One ``batch()`` call: when the step began and ended (monotonic seconds; ``end`` None until the next
     ``tokens()``), the tokens it computed by kind, the requests with prefill or recompute work
     (``heavy``: (request id, tokens, kind), largest first, at most ``MAX_HEAVY``), and which requests it
-    held when it did not hold every running one (``members``; None: every running request)."""
+    held when it did not hold every running one (``members``; None: every running request). ``tokens``:
+    the step's tokens in all (at least 1), and ``counts`` the requests for which it computed other than
+    one token, as (request id, tokens) pairs (a dict once a finished request has looked one up in it),
+    for the engine time of each (``otel_llm.hooks.engine_time``)."""
 
-    __slots__ = ("decode", "end", "heavy", "members", "prefill", "recompute", "requests", "spec", "start")
+    __slots__ = (
+        "counts",
+        "decode",
+        "end",
+        "heavy",
+        "members",
+        "prefill",
+        "recompute",
+        "requests",
+        "spec",
+        "start",
+        "tokens",
+    )
 
-    def __init__(self, start: float, requests: int) -> None:
+    def __init__(self, start: float, requests: int, tokens: int = 1) -> None:
         self.start = start
         self.end: float | None = None
         self.requests = requests
+        self.tokens = tokens if tokens > 0 else 1  # a divisor: a step that computed nothing splits nothing
         self.prefill = self.recompute = self.spec = 0
         self.decode = requests  # one token each until told otherwise
         self.heavy: tuple[tuple[Any, int, str], ...] = ()
         self.members: frozenset[Any] | None = None
+        self.counts: Sequence[tuple[Any, int]] | dict[Any, int] = ()
 
     def holds(self, request_id: Any) -> bool:
         members = self.members
@@ -134,6 +154,11 @@ class BatchLog:
         # A stall's explanation over one step (its number -> what ``stalls`` worked out), shared by every
         # request held in that step: a batch's requests stall on the same steps.
         self.explained: dict[int, Any] = {}
+        # For engine time (``otel_llm.hooks.engine_time``), filled in as requests finish like ``gaps``:
+        # each step's time per token (seconds), and their running sums (cum[i]: the steps before index i).
+        self.weights: list[float] = []
+        self.cum: list[float] = []
+        self.spec_numbers: list[int] = []  # the numbers of the steps with speculative tokens (rare)
 
     def add(
         self,
@@ -148,15 +173,18 @@ class BatchLog:
         """One step's composition; ``running``: requests the tracker has running, ``get``: its
         registry's lookup (request id -> Timeline or None); ``recompute``: requests whose tokens the
         engine says are a recompute (``RequestTracker.batch``)."""
-        step = BatchStep(ts, requests)
+        step = BatchStep(ts, requests, total)
         unknown = False
         if total != requests:  # not every request computes one token: look at those that do not
             unknown = self._classify(step, scheduled, get, recompute)
+            if step.spec:
+                self.spec_numbers.append(self.base + len(self.steps))
         # A running request sat this step out (fewer requests than running), or may have: the step holds
-        # a request the tracker has not heard of yet (an engine that reports new requests late), so the
-        # count proves nothing. Say which ones it held.
+        # a request the tracker has not heard of yet (an engine that reports new requests late), or one
+        # no longer running (more requests than running: an engine that reports a step after it evicted
+        # one of its requests), so the count proves nothing. Say which ones it held.
         steps, ends = self.steps, self.ends
-        if requests < running or unknown:
+        if requests != running or unknown:
             members = step.members = frozenset(scheduled)
             self.partials.append(step)
             self.partial_numbers.append(self.base + len(steps))
@@ -185,6 +213,32 @@ class BatchLog:
                 del self.by_class[size]
         self.classes = sorted(self.by_class)
         self.explained = {n: e for n, e in self.explained.items() if n >= base}
+        if len(self.weights) >= cut:
+            del self.weights[:cut]
+            del self.cum[:cut]
+        else:  # weighed less far than the cut: start afresh at the oldest step kept
+            self.weights, self.cum = [], []
+        del self.spec_numbers[: bisect_left(self.spec_numbers, base)]
+
+    def weigh(self, upto: int) -> None:
+        """Each step's time per token, for the steps before index ``upto`` (all ended) not weighed yet,
+        and their running sums: in passes at C speed over those steps. A step's time runs from its start,
+        or from the end of the step before it if that is later (an engine that schedules a step while the
+        one before it runs), to its end; never below 0."""
+        weights = self.weights
+        start = len(weights)
+        if upto <= start:
+            return
+        steps, ends = self.steps[start:upto], self.ends
+        starts = list(map(_START, steps))
+        before = ends[start - 1 : upto - 1] if start else [starts[0], *ends[: upto - 1]]
+        times = map(max, map(sub, ends[start:upto], map(max, starts, before)), repeat(0.0))
+        new = list(map(truediv, times, map(_TOKENS, steps)))
+        weights.extend(new)
+        cum = self.cum
+        if not cum:
+            cum.append(0.0)
+        cum.extend(islice(accumulate(new, initial=cum[-1]), 1, None))
 
     def index(self, upto: int) -> None:
         """Index the gaps of the steps before index ``upto`` (all ended) not indexed yet: each step once,
@@ -262,6 +316,7 @@ class BatchLog:
             elif n < 0:
                 raise ValueError(f"batch() token counts must be >= 0, got {n!r} for {rid!r}")
         heavy.sort(key=lambda entry: entry[1], reverse=True)
+        step.counts = others
         step.decode = step.requests - len(others)
         step.prefill, step.recompute, step.spec = prefill, recompute, spec
         step.heavy = tuple(heavy[:MAX_HEAVY])

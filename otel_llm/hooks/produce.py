@@ -27,9 +27,11 @@ def record_of(
     identity: TraceIdentity,
     steps: tuple[int, tuple[StepRow, ...]] | None = None,
     stalls: Stalls | None = None,
+    engine_time: tuple[float, float] | None = None,
 ) -> RequestRecord:
-    """The record of ``fin``; ``steps``: the request's steps (detail ``steps``), else None; ``stalls``:
-    its stalls (the engine reports its batches), else None.
+    """The record of ``fin``; ``steps``: the request's steps (detail ``steps``), else None; ``stalls``
+    and ``engine_time``: its stalls and its share of the engine's steps (the engine reports its
+    batches), else None.
 
     On every finished request's path, so built in one step as the record's tuple (fields in
     ``RequestRecord.FIELDS`` order), with the rare parts (a parent, a failure, preemptions) only when
@@ -84,6 +86,7 @@ def record_of(
             tl.kv_bytes,
             steps,
             stalls,
+            engine_time,
         )
     )
 

@@ -35,6 +35,7 @@ from otel_llm.hooks.batches import BatchLog, check_scheduled
 from otel_llm.hooks.checks import check_counts, check_ids
 from otel_llm.hooks.clock import Clock
 from otel_llm.hooks.engine_state import COUNTERS, EngineState, EngineStateHook
+from otel_llm.hooks.engine_time import EngineTime, engine_time
 from otel_llm.hooks.handoff import carrier_for, continue_request, read_carrier
 from otel_llm.hooks.identity import TraceIdentity, parent_context, parent_span_context
 from otel_llm.hooks.inflight import NO_STEP, InFlight
@@ -188,11 +189,18 @@ class Tracker(InFlight, EngineStateHook):
     def tokens(
         self, request_ids: Sequence[Any], ts: float | None = None, counts: Sequence[int] | None = None
     ) -> None:
-        """One engine step produced output tokens for these requests (1 each, or ``counts``)."""
+        """One engine step produced output tokens for these requests (1 each, or ``counts``). No ids: a
+        step that produced no token (a prompt chunk) ended at ``ts``; only the ``batch()`` log hears of it
+        (its time ends there, not at the next step's start)."""
         check_ids(request_ids)
         if request_ids.__class__ is not list and request_ids.__class__ is not tuple:
             request_ids = list(request_ids)  # counted below with len()
         ts = self._timestamp(ts)
+        if not request_ids:
+            if self._batch_log is not None:
+                with self._lock:
+                    self._batch_log.ended(ts)
+            return
         with self._lock:
             prev = self._prev_step
             if counts is None and request_ids == self._batch and ts >= prev.ts:
@@ -453,10 +461,15 @@ class Tracker(InFlight, EngineStateHook):
             log_start = batches.oldest_start()
         return stall_finder.find(fin, steps, ends, partial, log_start)
 
+    def _engine_time(self, fin: FinishedRequest, batches: BatchLog) -> EngineTime | None:
+        """The request's share of the engine's steps, under the lock (the engine thread appends)."""
+        with self._lock:
+            return engine_time(fin, batches)
+
     def _finish(self, fin: FinishedRequest) -> None:
         """The finished request's record, to the consumer; never raises into the engine."""
         try:
-            steps = stalls = None
+            steps = stalls = cost = None
             log, batches = self._step_log, self._batch_log
             if log is not None:
                 with self._lock:
@@ -464,7 +477,8 @@ class Tracker(InFlight, EngineStateHook):
                 steps = rows(fin, recent)
             if batches is not None:
                 stalls = self._stalls(fin, batches)
-            record = record_of(fin, self.identity, steps, stalls)
+                cost = self._engine_time(fin, batches)
+            record = record_of(fin, self.identity, steps, stalls, cost)
         except Exception:
             self._note(an.FINISH_FAILED, fin.timeline.request_id)
             _log.debug("otel_llm: the record of request %r failed", fin.timeline.request_id, exc_info=True)

@@ -33,7 +33,7 @@ __all__ = ["DETAILS", "DETAIL_PHASES", "DETAIL_REQUEST", "DETAIL_STEPS", "Reques
 
 # The version of the record layout (``RequestRecord``, ``TrackerInfo``, ``Figures`` and their wire form).
 # A reader refuses a stream of another version rather than misread it.
-VERSION = 3
+VERSION = 4
 
 # Trace detail levels (which spans a request gets): the hook side records steps only for ``steps``.
 DETAIL_REQUEST = "request"
@@ -164,7 +164,9 @@ class RequestRecord(tuple):
     cache at S1), ``kv_bytes``. ``preemptions``: one ``Preemption`` tuple per preemption, in order.
     ``steps``: for the ``steps`` detail level, ``(steps the request ran in, (StepRow, ...))`` with at most
     the longest 16 rows, else None. ``stalls``: when the engine reports its batches (``batch()``), the
-    request's stalls (``Stalls``; empty tuples for none), else None.
+    request's stalls (``Stalls``; empty tuples for none), else None. ``engine_time``: then also the
+    request's share of the engine's steps, (seconds, of which recomputing after preemptions)
+    (``otel_llm.hooks.engine_time``), else None.
 
     Outcome: ``reason`` (finish reason), ``error_type`` / ``status_message`` (set for failed reasons:
     the exception's class and its ``Type: message`` text, or the reason itself), ``handed_off`` (the
@@ -208,6 +210,7 @@ class RequestRecord(tuple):
         "kv_bytes",
         "steps",
         "stalls",
+        "engine_time",
     )
 
     def __new__(cls, *fields: Any) -> RequestRecord:
@@ -247,6 +250,7 @@ class RequestRecord(tuple):
     kv_bytes: int | None
     steps: tuple[int, tuple[StepRow, ...]] | None
     stalls: Stalls | None
+    engine_time: tuple[float, float] | None
 
 
 for _index, _name in enumerate(RequestRecord.FIELDS):
