@@ -134,10 +134,15 @@ def record_batches(path: str) -> None:
     """In SGLang's scheduler process: append each batch ``run_batch`` launches (SGLang's side) and each
     ``RequestTracker.batch()`` call (ours), one JSON line each."""
     from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.managers.scheduler_components.output_streamer import SchedulerOutputStreamer
 
     from otel_llm.hooks.tracker import Tracker
 
     run_batch, report = Scheduler.run_batch, Tracker.batch
+    process, stream = Scheduler.process_batch_result, SchedulerOutputStreamer.stream_output
+    launches: list[int] = []  # the launched batches whose results are not processed yet, in order
+    processing: list[int] = []  # the batch whose result is being processed, while it is
+    count = iter(range(1 << 30))
 
     def write(row: dict[str, Any]) -> None:
         with open(path, "a") as f:
@@ -147,14 +152,32 @@ def record_batches(path: str) -> None:
         mode = batch.forward_mode
         rids = [req.rid for req in batch.reqs]
         tokens = list(batch.extend_lens) if mode.is_extend() else [1] * len(rids) if mode.is_decode() else []
-        write({"side": "sglang", "mode": mode.name, "scheduled": dict(zip(rids, tokens))})
+        number = next(count)
+        launches.append(number)
+        scheduled, at = dict(zip(rids, tokens)), time.monotonic()
+        write({"side": "sglang", "mode": mode.name, "scheduled": scheduled, "n": number, "at": at})
         return run_batch(self, batch, *args, **kwargs)
+
+    def processed(self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
+        processing[:] = launches[:1]
+        del launches[:1]
+        try:
+            return process(self, batch, *args, **kwargs)
+        finally:
+            processing.clear()
+
+    def streamed(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if processing:  # the first stream of a batch's result: where its tokens went out
+            write({"side": "stream", "n": processing.pop(), "at": time.monotonic()})
+        return stream(self, *args, **kwargs)
 
     def reported(self: Any, scheduled: Any, ts: Any = None, recompute: Any = None) -> None:
         write({"side": "otel_llm", "scheduled": dict(scheduled)})
         report(self, scheduled, ts=ts, recompute=recompute)
 
     Scheduler.run_batch = launched
+    Scheduler.process_batch_result = processed
+    SchedulerOutputStreamer.stream_output = streamed
     Tracker.batch = reported
 
 
@@ -250,8 +273,12 @@ def run(name: str, models: dict[str, str], tmp: Path) -> dict[str, Any]:
 def batch_rows(path: Path) -> dict[str, list[dict[str, Any]]]:
     """SGLang's launched batches and otel_llm's batch() calls, each in order, from ``record_batches``."""
     rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    ends = {r["n"]: r["at"] for r in rows if r["side"] == "stream"}
+    batches = [r for r in rows if r["side"] == "sglang"]
+    for b in batches:
+        b["streamed_at"] = ends.get(b.get("n"))
     return {
-        "batches": [r for r in rows if r["side"] == "sglang"],
+        "batches": batches,
         "batch_calls": [r["scheduled"] for r in rows if r["side"] == "otel_llm"],
     }
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from otel_llm import semconv as sc
 from tests.vllm.conftest import needs_vllm, roots, trace_of
 
@@ -113,3 +115,44 @@ def test_prefill_stalls_name_what_vllms_steps_scheduled(vllm_runs: dict[str, dic
     # The chunks of both long prompts ran in decode steps (20 us a token: a 254-token chunk about 5 ms,
     # a decode step of two tokens well under 1 ms): each is named by some stall.
     assert named == {"l0", "l1"}
+
+
+def expected_engine_time(run: dict[str, Any]) -> tuple[dict[str, float], dict[str, float], float]:
+    """Per request, its engine seconds and its recompute seconds under the cost model (docs/lifecycle.md,
+    "Engine time"), and the busy time, from vLLM's own account of each step: its ``num_scheduled_tokens``,
+    what its ``Request`` says the tokens were, and the timestamp of its ``EngineCoreOutputs``. A step
+    begins where its ``batch()`` call says; one with no outputs ends where the next one begins."""
+    steps, calls = scheduled_steps(run), run["batch_calls"]
+    starts = [c["ts"] for c in calls]
+    ends = [
+        s["outputs_ts"] if s["outputs_ts"] is not None else starts[min(k + 1, len(starts) - 1)]
+        for k, s in enumerate(steps)
+    ]
+    total: dict[str, float] = {}
+    recompute: dict[str, float] = {}
+    busy = 0.0
+    for k, step in enumerate(steps):
+        took = max(0.0, ends[k] - max(starts[k], ends[k - 1] if k else starts[k]))
+        busy += took
+        tokens = sum(step["scheduled"].values())
+        for rid, n in step["scheduled"].items():
+            share = took * n / tokens
+            total[rid] = total.get(rid, 0.0) + share
+            if step["kinds"][rid] == "recompute":
+                recompute[rid] = recompute.get(rid, 0.0) + share
+    return total, recompute, busy
+
+
+def test_each_requests_engine_time_is_its_share_of_vllms_steps(any_run: dict[str, Any]) -> None:
+    total, recompute, busy = expected_engine_time(any_run)
+    # By vLLM's internal id, the one its steps name (the client's differs for n > 1).
+    found = {r["attributes"].get(sc.VLLM_REQUEST_ID, rid): r for rid, r in roots(any_run).items()}
+    assert set(total) <= set(found)
+    for rid, root in found.items():
+        attributes = root["attributes"]
+        assert attributes[sc.LLM_ENGINE_TIME] == pytest.approx(total.get(rid, 0.0), rel=1e-6, abs=1e-9), rid
+        assert attributes[sc.LLM_ENGINE_TIME_RECOMPUTE] == pytest.approx(
+            recompute.get(rid, 0.0), rel=1e-6, abs=1e-9
+        ), rid
+    # Every step's time went to its requests: the engine times sum to the busy time.
+    assert sum(r["attributes"][sc.LLM_ENGINE_TIME] for r in found.values()) == pytest.approx(busy, rel=0.01)

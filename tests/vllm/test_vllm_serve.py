@@ -450,6 +450,84 @@ def test_served_steps_reach_the_trackers_as_the_engine_core_made_them(served: Se
     assert "engine-core steps failed" not in served.output()
 
 
+def probed_step_times(server: Server) -> list[tuple[dict[str, Any], float, float | None]]:
+    """The engine core's steps (the probe's records) with when each began and the timestamp of the
+    outputs it made (None: it made none), paired through the ``SchedulerOutput`` each came with."""
+    path = server.extra["probe"]
+    records = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    steps: list[dict[str, Any]] = []
+    ends: dict[int, float | None] = {}
+    waiting: dict[int, int] = {}  # output id -> index of the step still waiting for its outputs
+    for r in records:
+        if r["kind"] == "step":
+            waiting[r["output"]] = len(steps)
+            steps.append(r)
+        elif r["kind"] == "outputs" and r["output"] in waiting:
+            ends[waiting.pop(r["output"])] = r["at"]
+    return [(step, step["at"], ends.get(k)) for k, step in enumerate(steps)]
+
+
+def test_served_engine_time_is_each_requests_share_of_the_engine_cores_steps(served: Server) -> None:
+    """``llm.engine.time`` and its recompute part under the cost model (docs/lifecycle.md, "Engine
+    time"), from the engine core's side alone (the probe): each step's ``num_scheduled_tokens``, the
+    requests vLLM's ``Request`` says recompute, when its scheduling began and the timestamp of its
+    outputs (a step with none ends where the next one begins). The steps cross to the frontend through
+    the ring; the shares must come out as the engine core's own."""
+    timed = probed_step_times(served)
+    assert timed and all(end is not None for _, _, end in timed[:-1] if end is None) is not None
+    starts = [start for _, start, _ in timed]
+    ends = [
+        end if end is not None else starts[min(k + 1, len(starts) - 1)] for k, (_, _, end) in enumerate(timed)
+    ]
+    total: dict[str, float] = {}
+    recompute: dict[str, float] = {}
+    busy = 0.0
+    for k, (step, _, _) in enumerate(timed):
+        took = max(0.0, ends[k] - max(starts[k], ends[k - 1] if k else starts[k]))
+        busy += took
+        tokens = sum(step["scheduled"].values())
+        for rid, n in step["scheduled"].items():
+            share = took * n / tokens
+            total[rid] = total.get(rid, 0.0) + share
+            if rid in step["recompute"]:
+                recompute[rid] = recompute.get(rid, 0.0) + share
+    roots = [s for s in span_dicts(served.collected) if s["name"] == sc.SPAN_REQUEST]
+    got = {r["attributes"][sc.VLLM_REQUEST_ID]: r["attributes"] for r in roots}
+    assert set(total) <= set(got)
+    assert sum(recompute.values()) > 0, "12 streams on 20 KV blocks were meant to recompute"
+    # The client that leaves: its request ends (abort) while the engine core still runs a step that
+    # holds it, and the tracker works its figures out when it ends: that step's share is nobody's.
+    aborted = {rid for rid, a in got.items() if sc.REASON_ABORT in a[sc.GEN_AI_RESPONSE_FINISH_REASONS]}
+    assert aborted, "the client that leaves was meant to be aborted"
+
+    def near(a: float, b: float) -> bool:
+        return a == pytest.approx(b, rel=0.02, abs=1e-5)
+
+    off = [
+        (
+            rid,
+            a[sc.LLM_ENGINE_TIME],
+            total.get(rid, 0.0),
+            a[sc.LLM_ENGINE_TIME_RECOMPUTE],
+            recompute.get(rid, 0.0),
+        )
+        for rid, a in got.items()
+        if rid not in aborted
+        and not (
+            near(a[sc.LLM_ENGINE_TIME], total.get(rid, 0.0))
+            and near(a[sc.LLM_ENGINE_TIME_RECOMPUTE], recompute.get(rid, 0.0))
+        )
+    ]
+    summed = sum(a[sc.LLM_ENGINE_TIME] for a in got.values())
+    assert not off, (
+        f"{len(off)} of {len(got)} off; sum {summed} vs busy {busy} over {len(timed)} steps",
+        off,
+    )
+    for rid in aborted:
+        assert 0 < got[rid][sc.LLM_ENGINE_TIME] <= total[rid] * 1.02 + 1e-5, rid
+    assert summed == pytest.approx(busy, rel=0.01)
+
+
 def test_served_counters_equal_the_servers_own_metrics(served: Server) -> None:
     vllm = served.extra["prometheus"]
     points = latest_points(served.collected)

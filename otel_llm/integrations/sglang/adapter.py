@@ -92,6 +92,7 @@ class SGLangAdapter:
         self._live: dict[str, _Live] = {}
         self.unflushed = 0  # requests finished since the last flush (see SGLangInstrumentor's on_idle)
         self._report_batch = getattr(tracker, "batch", None)  # a tracker without batch(): not reported
+        self._step_open = False  # a batch went to batch() and its tokens() has not come yet
 
     @property
     def in_flight(self) -> int:
@@ -175,10 +176,12 @@ class SGLangAdapter:
         rids = [req.rid for req in reqs]
         if mode.is_decode():
             report(dict.fromkeys(rids, 1), ts=ts)
+            self._step_open = True
         elif mode.is_extend() and not mode.is_target_verify():
             lens = batch.extend_lens
             if lens is not None and len(lens) == len(rids):
                 report(dict(zip(rids, lens)), ts=ts)
+                self._step_open = True
 
     def streamed(self, reqs: Iterable[Any], ts: float | None = None) -> None:
         """Before ``stream_output``: new tokens and finishes of these requests, at ``ts`` (monotonic s)."""
@@ -209,6 +212,11 @@ class SGLangAdapter:
                 self.tracker.tokens(ids, ts=ts)
             else:
                 self.tracker.tokens(ids, ts=ts, counts=counts)
+        elif self._step_open:
+            # A reported batch that gave no token (prompt chunks only) ends here, not when the next one
+            # is launched: its time (llm.engine.time) must not take in the wait between the two.
+            self.tracker.tokens([], ts=ts)
+        self._step_open = False
         self.unflushed += len(done)
         for rid, reason in done:
             del self._live[rid]

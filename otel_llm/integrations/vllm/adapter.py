@@ -192,8 +192,8 @@ class VLLMAdapter:
             ):
                 self._step_outputs += len(request_ids)
                 self._step_tokens += len(request_ids)
-                if self._compositions:
-                    self._report_steps(batch_ts)
+                if self._compositions and self._report_steps(batch_ts) and len(self._trackers) > 1:
+                    self._end_steps(batch_ts, tracker)
                 tracker.tokens(request_ids, ts=batch_ts)
                 if self._handoffs.remote_decode:
                     self._handoffs.hand_off(outputs, self._live)
@@ -221,22 +221,25 @@ class VLLMAdapter:
         self._step_outputs += len(plain)
         self._step_tokens += len(plain)
         if odd is None:
-            if self._compositions:
-                self._report_steps(batch_ts)
+            reported = bool(self._compositions) and self._report_steps(batch_ts)
             if plain and tracker is not None:  # a plain output always set tracker
                 tracker.tokens(plain, ts=batch_ts)
+            if reported:
+                self._end_steps(batch_ts, *((tracker,) if plain else ()))
         else:
             batches: dict[Any, tuple[list[str], list[int]]] = {}
             if plain:
                 batches[tracker] = (plain, [1] * len(plain))
             for out in odd:
                 self._output(out, batch_ts, still_open, batches)
-            if self._compositions:  # after the events: the trackers know which requests are new
-                self._report_steps(batch_ts)
+            # After the events: the trackers know which requests are new.
+            reported = bool(self._compositions) and self._report_steps(batch_ts)
             for owner, (request_ids, counts) in batches.items():
                 # One token each (no speculative decoding) goes without counts: the tracker's fast path.
                 one_each = counts.count(1) == len(counts)
                 owner.tokens(request_ids, ts=batch_ts, counts=None if one_each else counts)
+            if reported:
+                self._end_steps(batch_ts, *batches)
         if self._handoffs.remote_decode:
             self._handoffs.hand_off(outputs, self._live)
 
@@ -301,14 +304,27 @@ class VLLMAdapter:
     def _pull(self) -> None:
         self.pull_steps()  # type: ignore[misc]
 
-    def _report_steps(self, batch_ts: float) -> None:
+    def _report_steps(self, batch_ts: float) -> bool:
         """``batch()`` of every kept step scheduled by ``batch_ts`` to each tracker of this frontend:
-        they share the engine's steps, so each one's stalls may name requests of another. What raises
-        here reaches the instrumentor's wrapper, which counts it and stops the integration: later
-        steps would have no stall figures."""
+        they share the engine's steps, so each one's stalls may name requests of another. Returns
+        whether any was. What raises here reaches the instrumentor's wrapper, which counts it and
+        stops the integration: later steps would have no stall figures."""
+        reported = False
         for ts, scheduled, recompute in self._compositions.due(batch_ts):
+            reported = True
             for tracker in self._trackers.values():
                 tracker.batch(scheduled, ts=ts, recompute=recompute)
+        return reported
+
+    def _end_steps(self, batch_ts: float, *told: Any) -> None:
+        """The steps just reported ended at ``batch_ts``: said to each tracker that got no tokens with
+        them (``tokens([])``), e.g. a step of prompt chunks only. Else the step would last until the next
+        one began, and its time (``llm.engine.time``) would take in the wait between the two."""
+        if len(told) == len(self._trackers):
+            return  # every tracker got tokens, which ended the step
+        for tracker in self._trackers.values():
+            if tracker not in told:
+                tracker.tokens([], ts=batch_ts)
 
     def engine_stats(self, stats: Any) -> None:
         """The end of one engine step: its ``SchedulerStats`` (or None) and the tokens of its outputs.

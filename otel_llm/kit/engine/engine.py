@@ -249,6 +249,8 @@ class LLMEngine:
         if tracker is not None:
             if produced:
                 tracker.tokens(produced, ts=ts, counts=_counts(produced, outputs))
+            elif self._reports_batches:  # only prompt chunks: the step's end, for its time
+                tracker.tokens([], ts=ts)
             for seq in finished:
                 tracker.finished(seq.request_id, reason=seq.finish_reason, ts=ts)
         for seq in finished:

@@ -13,6 +13,9 @@ returned it, the client index of each of its requests, and the requests whose to
 says are a recompute (re-admitted after a preemption, from that ``schedule()`` until its
 ``num_computed_tokens`` reaches ``num_tokens`` or it is preempted again).
 
+With each step go when its scheduling began (``at``) and, as ``"kind": "outputs"``, the timestamp of the
+``EngineCoreOutputs`` its ``update_from_output`` made (None when it made none): its start and its end.
+
 And vLLM's own prefix-cache counts of preempted requests' lookups (``"kind": "prefix_cache"``: the
 ``preempted_queries`` / ``preempted_hits`` of each ``PrefixCacheStats`` the engine core's KV-cache manager
 hands its scheduler's stats; vLLM 0.32 exports them nowhere itself).
@@ -33,6 +36,7 @@ import importlib.machinery
 import json
 import os
 import sys
+import time
 
 _TARGET = "vllm.v1.core.sched.scheduler"
 _TRACKER = "otel_llm.hooks.tracker"
@@ -48,10 +52,12 @@ def _write(lines: list[str]) -> None:
 
 def _patch(module) -> None:
     original = module.Scheduler.schedule
+    update = module.Scheduler.update_from_output
 
     recomputing: set[str] = set()  # re-admitted after a preemption, recompute not done
 
     def schedule(self, *args, **kwargs):
+        at = time.monotonic()
         output = original(self, *args, **kwargs)
         resumed = set(getattr(output.scheduled_cached_reqs, "resumed_req_ids", ()) or ())
         resumed |= {n.req_id for n in output.scheduled_new_reqs if self.requests[n.req_id].num_preemptions}
@@ -67,6 +73,8 @@ def _patch(module) -> None:
             "scheduled": scheduled,
             "clients": {rid: self.requests[rid].client_index for rid in scheduled},
             "recompute": sorted(rid for rid in scheduled if rid in recomputing),
+            "at": at,  # when its scheduling began (otel_llm stamps its batch() a few µs before)
+            "output": id(output),  # to pair it with its outputs (``outputs`` below)
         }
         for rid in list(recomputing):
             request = self.requests[rid]
@@ -94,7 +102,20 @@ def _patch(module) -> None:
         _write(lines)
         return output
 
+    def update_from_output(self, scheduler_output, *args, **kwargs):
+        outputs = update(self, scheduler_output, *args, **kwargs)
+        stamps = [o.timestamp for o in outputs.values()] if outputs else []
+        record = {
+            "kind": "outputs",
+            "pid": os.getpid(),
+            "output": id(scheduler_output),
+            "at": stamps[0] if stamps else None,  # the step's EngineCoreOutputs' timestamp: its end
+        }
+        _write([json.dumps(record)])
+        return outputs
+
     module.Scheduler.schedule = schedule
+    module.Scheduler.update_from_output = update_from_output
 
 
 def _patch_tracker(module) -> None:
