@@ -335,6 +335,7 @@ def metric_kinds() -> dict[str, tuple[str, str]]:
     table[s.METRIC_ACTIVE] = ("gauge", s.UNIT_REQUEST)  # up-down counter or gauge: both are gauges there
     table[s.METRIC_ANOMALIES] = ("counter", s.UNIT_ANOMALY)
     table[s.METRIC_SAMPLING_DECISIONS] = ("counter", s.UNIT_DECISION)
+    table[s.METRIC_ENGINE_TIME] = ("counter", s.UNIT_SECONDS)  # by llm.engine.work and chosen attributes
     # The engine's own state, from RequestTracker.engine_state() (otel_llm.hooks.engine_state).
     table[s.METRIC_KV_CACHE_USAGE] = ("gauge", s.UNIT_RATIO)
     table[s.METRIC_SCHEDULER_REQUESTS] = ("gauge", s.UNIT_REQUEST)
@@ -383,7 +384,9 @@ def valid_metric_names() -> set[str]:
 
 
 def valid_labels() -> set[str]:
-    return {prometheus_label(a) for a in emitted_attributes()} | {"le", "job", "instance"}
+    # tenant: not emitted unless an operator names it in OTEL_LLM_ENGINE_TIME_ATTRIBUTES, as the engine
+    # time panel's description says to (docs/telemetry.md uses the same example key).
+    return {prometheus_label(a) for a in emitted_attributes()} | {"le", "job", "instance", "tenant"}
 
 
 def test_translation_follows_the_collector_rules() -> None:
@@ -553,6 +556,17 @@ def test_dashboard_charts_stalled_time_by_cause() -> None:
     assert by_cause, "no panel charts the stalled time"
     cause = prometheus_label(semconv.LLM_STALL_CAUSE)
     assert all(cause in split_promql(e)[1] for e in by_cause), by_cause
+
+
+def test_dashboard_charts_engine_time_by_tenant_and_kind_of_work() -> None:
+    """What each tenant cost the engine: the engine-time counter, grouped by a tenant label and by
+    llm.engine.work, and the recompute share of it."""
+    promql, _ = dashboard_queries(load_dashboard())
+    series = prometheus_metric_names(semconv.METRIC_ENGINE_TIME, *metric_kinds()[semconv.METRIC_ENGINE_TIME])
+    charted = [e for e in promql if split_promql(e)[0] & series]
+    work = prometheus_label(semconv.LLM_ENGINE_WORK)
+    assert any({"tenant", work} <= split_promql(e)[1] for e in charted), charted
+    assert any(f'{work}="{semconv.ENGINE_WORK_RECOMPUTE}"' in e for e in charted), charted
 
 
 def test_latency_panels_show_exemplars() -> None:

@@ -71,7 +71,8 @@ def test_the_demo_page_shows_what_the_demo_prints(demo: tuple[Path, str, str]) -
     _, printed, _ = demo
     shown, real = demo_sample(), printed.splitlines()
     assert table_rows(shown) == table_rows(real), "docs/demo.md's summary table has other rows than a run's"
-    prefixes = ("request req-", "TTFT: ", "preemptions: ", "stalls by cause: ", "a stall: ", "traces: ")
+    prefixes = ("request req-", "TTFT: ", "preemptions: ", "stalls by cause: ", "a stall: ", "engine time: ")
+    prefixes += ("traces: ",)
     for prefix in (*prefixes, "metrics: ", "view a request: "):
         # The waterfall's figures are wrapped to the width: with other timings (a busy machine) a
         # figure can start a line or follow another one on it, two spaces after it.

@@ -415,9 +415,23 @@ def numbers(trace: RequestTrace, unwritten: Sequence[tuple[int | None, int]] = (
         longest = _longest_stall(trace)
         if longest is not None:
             facts.insert(at + 1, ("longest stall", longest))
+    spent = engine_time_text(a)
+    if spent is not None:  # after the stalls, before the tokens
+        facts.insert([k for k, _ in facts].index("tokens in/out"), ("engine time", spent))
     if trace.steps:
         facts.append(("engine steps", str(trace.steps)))
     return [f"{k}: {v}" for k, v in facts]
+
+
+def engine_time_text(a: dict[str, object]) -> str | None:
+    """``12.4 ms, 3.1 ms of it recomputing``: the request's share of the engine's steps
+    (``llm.engine.time``); None when the engine did not report its batches."""
+    spent, again = a.get(sc.LLM_ENGINE_TIME), a.get(sc.LLM_ENGINE_TIME_RECOMPUTE)
+    if not isinstance(spent, (int, float)):
+        return None
+    if isinstance(again, (int, float)) and again > 0:
+        return f"{fmt_time(spent)}, {fmt_time(again)} of it recomputing"
+    return fmt_time(spent)
 
 
 def _longest_stall(trace: RequestTrace) -> str | None:

@@ -97,7 +97,13 @@ def run(args: argparse.Namespace) -> int:
 
     from otel_llm.kit.commands.chat import ChatClient, make_chat_workload
     from otel_llm.kit.commands.local_copy import tracker_with_local_copy
-    from otel_llm.kit.commands.summary import causes_text, stall_counts, summary_table, telling_stall
+    from otel_llm.kit.commands.summary import (
+        causes_text,
+        engine_time_line,
+        stall_counts,
+        summary_table,
+        telling_stall,
+    )
     from otel_llm.kit.commands.view import emit, render_lines, terminal_width
     from otel_llm.kit.engine import EngineConfig, LLMEngine, ModelConfig
     from otel_llm.kit.waterfall import from_readable_spans, group_requests, pick_request
@@ -166,6 +172,9 @@ def run(args: argparse.Namespace) -> int:
     if stall is not None:  # why one request's token waited, from the steps the engine reported
         out.print(f"stalls by cause: {causes_text(stall_counts(requests) or {})}")
         out.print(f"a stall: {stall[0].request_id}, {stall_words(stall[1])}")
+    spent = engine_time_line(requests)
+    if spent is not None:  # what the requests cost the engine, from the same steps
+        out.print(spent)
     # One bounded step flushes and stops both providers (OTEL_LLM_SHUTDOWN_TIMEOUT, + 1 s at most).
     telemetry.shutdown()
     for line in delivery_lines(telemetry) + [d for d in destinations() if "OTLP" not in d]:

@@ -23,6 +23,7 @@ from otel_llm.kit.waterfall_render import (
     MIN_WIDTH,
     STYLES,
     emit,
+    engine_time_text,
     finish_text,
     fmt_duration,
     fmt_time,
@@ -178,8 +179,11 @@ def why_lines(trace: RequestTrace) -> list[str]:
             f"request {rid}: no stall figures; the engine did not report its batches "
             "(RequestTracker.batch, docs/hooks.md)"
         ]
+    spent = engine_time_text(trace.root.attributes)
+    cost = [f"  engine time: {spent}"] if spent is not None else []
     if not count:
-        return [f"request {rid}: no stalls (no gap between its tokens of 3 typical gaps and 2 ms or more)"]
+        none = f"request {rid}: no stalls (no gap between its tokens of 3 typical gaps and 2 ms or more)"
+        return [none, *cost]
     events = trace.events(sc.EVENT_STALL)
     lines = [
         f"request {rid}: {count} stall{'s' if count != 1 else ''} ({stalled_by_cause(trace.root.attributes)})"
@@ -187,7 +191,7 @@ def why_lines(trace: RequestTrace) -> list[str]:
     lines += [f"  {stall_words(attrs)}" for _, attrs in events]
     if len(events) < int(count):
         lines.append(f"  ({int(count) - len(events)} shorter ones are counted above, not listed: 16 at most)")
-    return lines
+    return lines + cost
 
 
 def pick_run(runs: Sequence[Run], number: int | None) -> Run:
