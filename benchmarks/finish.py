@@ -175,18 +175,22 @@ def finish_rounds(batch: int, tokens: int, preempt: bool, split: bool = False) -
 
 
 EXACT_PATH = "with batch(), every request's stalls over its token times"
+NO_ENGINE_TIME = "with batch(), its stalls but not its engine time"
 
 
 def stall_rounds(batch: int, tokens: int) -> dict[str, Round]:
-    """finished() after ``tokens`` decode steps, without and with ``batch()`` (its stalls found), and
-    with ``batch()`` where every request takes the stall finder's exact path (``stalls.find`` over its
+    """finished() after ``tokens`` decode steps, without and with ``batch()`` (its stalls found and its
+    engine time), with ``batch()`` but no engine time, and with ``batch()`` where every request takes
+    the stall finder's exact path (``stalls.find`` over its
     token times, as before the log's gap index; ``find_logged`` otherwise). CPU time of the finishing
     thread: a round is short, and another job taking the core away would land in one variant."""
     made = {}
-    for name in ("without batch()", "with batch()", EXACT_PATH):
+    for name in ("without batch()", "with batch()", EXACT_PATH, NO_ENGINE_TIME):
         p = discarding_providers()
         made[name] = RequestTracker(tracer_provider=p.tracer_provider, meter_provider=p.meter_provider)
     made[EXACT_PATH]._stalls = types.MethodType(_exact_stalls, made[EXACT_PATH])  # type: ignore[method-assign]
+    # What the engine time adds to a finish: the same tracker without it.
+    made[NO_ENGINE_TIME]._engine_time = lambda fin, batches: None  # type: ignore[method-assign]
     return {
         name: finishing(t, batch, tokens, False, name != "without batch()", time.thread_time_ns)
         for name, t in made.items()
@@ -274,7 +278,11 @@ def run(quick: bool, rounds: int) -> list[Measure]:
                 f"finished() after {tokens} decode steps, the engine reporting its batches (batch())",
                 "ns",
                 t["with batch()"].median_ns,
-                {"without batch()": t["without batch()"].median_ns, EXACT_PATH: t[EXACT_PATH].median_ns},
+                {
+                    "without batch()": t["without batch()"].median_ns,
+                    NO_ENGINE_TIME: t[NO_ENGINE_TIME].median_ns,
+                    EXACT_PATH: t[EXACT_PATH].median_ns,
+                },
                 spread=(t["with batch()"].low_ns, t["with batch()"].high_ns),
                 note="every 50th step five times as long: each request's stalls found and put on its trace; "
                 "CPU time of the finishing thread",
