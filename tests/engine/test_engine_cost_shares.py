@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from cost_model import shares
 from engine_tools import Pipelines, run_to_completion
 
 from otel_llm import RequestTracker
@@ -81,20 +82,8 @@ def expected_shares(
     )
     assert len(steps) == len(seen.steps), "one llm.engine.step span per step that ran"
     # The engine says where a step that produced no token (a prompt chunk) ended, too: tokens([]).
-    starts = [s.start_time / 1e9 for s in steps]
-    ends = [s.end_time / 1e9 for s in steps]
-    total: dict[str, float] = {}
-    recompute: dict[str, float] = {}
-    busy = 0.0
-    for k, step in enumerate(seen.steps):
-        took = max(0.0, ends[k] - max(starts[k], ends[k - 1] if k else starts[k]))
-        busy += took
-        tokens = sum(step.fed.values())
-        for rid, n in step.fed.items():
-            share = took * n / tokens
-            total[rid] = total.get(rid, 0.0) + share
-            if rid in step.recomputing:
-                recompute[rid] = recompute.get(rid, 0.0) + share
+    timed = [(e.fed, s.start_time / 1e9, s.end_time / 1e9, e.recomputing) for s, e in zip(steps, seen.steps)]
+    total, recompute, busy = shares(timed)
     spanned = sum((s.end_time - s.start_time) / 1e9 for s in steps)
     return total, recompute, busy, spanned
 

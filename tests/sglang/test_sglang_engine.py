@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cost_model import shares
 
 from otel_llm import semconv as sc
 from tests.sglang.conftest import (
@@ -81,19 +82,7 @@ def test_each_requests_engine_time_is_its_share_of_sglangs_batches(run: dict[str
     requests a step held from their count, may take a request that sat it out for one it held (about
     2 % on the request preempted five times here). The sum over requests is exact to 1 %."""
     batches = [b for b in run["batches"] if b["scheduled"]]
-    starts = [b["at"] for b in batches]
-    ends = [
-        b["streamed_at"] if b["streamed_at"] is not None else starts[min(k + 1, len(starts) - 1)]
-        for k, b in enumerate(batches)
-    ]
-    expected: dict[str, float] = {}
-    busy = 0.0
-    for k, b in enumerate(batches):
-        took = max(0.0, ends[k] - max(starts[k], ends[k - 1] if k else starts[k]))
-        busy += took
-        tokens = sum(b["scheduled"].values())
-        for rid, n in b["scheduled"].items():
-            expected[rid] = expected.get(rid, 0.0) + took * n / tokens
+    expected, _, busy = shares([(b["scheduled"], b["at"], b["streamed_at"], ()) for b in batches])
     got = {rid: root["attributes"][sc.LLM_ENGINE_TIME] for rid, root in roots(run).items()}
     assert set(got) == set(expected)
     for rid, spent in got.items():

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from cost_model import shares
 
 from otel_llm import semconv as sc
 from tests.vllm.conftest import needs_vllm, roots, trace_of
@@ -123,24 +124,9 @@ def expected_engine_time(run: dict[str, Any]) -> tuple[dict[str, float], dict[st
     what its ``Request`` says the tokens were, and the timestamp of its ``EngineCoreOutputs``. A step
     begins where its ``batch()`` call says; one with no outputs ends where the next one begins."""
     steps, calls = scheduled_steps(run), run["batch_calls"]
-    starts = [c["ts"] for c in calls]
-    ends = [
-        s["outputs_ts"] if s["outputs_ts"] is not None else starts[min(k + 1, len(starts) - 1)]
-        for k, s in enumerate(steps)
-    ]
-    total: dict[str, float] = {}
-    recompute: dict[str, float] = {}
-    busy = 0.0
-    for k, step in enumerate(steps):
-        took = max(0.0, ends[k] - max(starts[k], ends[k - 1] if k else starts[k]))
-        busy += took
-        tokens = sum(step["scheduled"].values())
-        for rid, n in step["scheduled"].items():
-            share = took * n / tokens
-            total[rid] = total.get(rid, 0.0) + share
-            if step["kinds"][rid] == "recompute":
-                recompute[rid] = recompute.get(rid, 0.0) + share
-    return total, recompute, busy
+    recomputing = [{rid for rid, kind in s["kinds"].items() if kind == "recompute"} for s in steps]
+    timed = zip(steps, calls, recomputing, strict=True)
+    return shares([(s["scheduled"], c["ts"], s["outputs_ts"], again) for s, c, again in timed])
 
 
 def test_each_requests_engine_time_is_its_share_of_vllms_steps(any_run: dict[str, Any]) -> None:

