@@ -485,8 +485,8 @@ def test_served_engine_time_is_each_requests_share_of_the_engine_cores_steps(ser
     # string found there) while the engine core still runs steps that hold them, until it hears of it.
     # The tracker works a request's figures out when it ends: those steps' shares are nobody's.
     ended_first = {served.extra["disconnect"]["id"], served.extra["stop"]["id"]}
-    aborted = {rid for rid, a in got.items() if a[sc.LLM_REQUEST_ID] in ended_first}
-    assert len(aborted) == 2, aborted
+    frontend_ended = {rid for rid, a in got.items() if a[sc.LLM_REQUEST_ID] in ended_first}
+    assert len(frontend_ended) == 2, frontend_ended
 
     def near(a: float, b: float) -> bool:
         return a == pytest.approx(b, rel=0.02, abs=1e-5)
@@ -500,7 +500,7 @@ def test_served_engine_time_is_each_requests_share_of_the_engine_cores_steps(ser
             recompute.get(rid, 0.0),
         )
         for rid, a in got.items()
-        if rid not in aborted
+        if rid not in frontend_ended
         and not (
             near(a[sc.LLM_ENGINE_TIME], total.get(rid, 0.0))
             and near(a[sc.LLM_ENGINE_TIME_RECOMPUTE], recompute.get(rid, 0.0))
@@ -511,7 +511,7 @@ def test_served_engine_time_is_each_requests_share_of_the_engine_cores_steps(ser
         f"{len(off)} of {len(got)} off; sum {summed} vs busy {busy} over {len(timed)} steps",
         off,
     )
-    for rid in aborted:
+    for rid in frontend_ended:
         assert 0 < got[rid][sc.LLM_ENGINE_TIME] <= total[rid] * 1.02 + 1e-5, rid
     assert summed == pytest.approx(busy, rel=0.01)
 
