@@ -424,13 +424,13 @@ def numbers(trace: RequestTrace, unwritten: Sequence[tuple[int | None, int]] = (
 
 
 def engine_time_text(a: dict[str, object]) -> str | None:
-    """``12.4 ms, 3.1 ms of it recomputing``: the request's share of the engine's steps
+    """``12.4 ms, 3.1 ms of it recompute work``: the request's share of the engine's steps
     (``llm.engine.time``); None when the engine did not report its batches."""
     spent, again = a.get(sc.LLM_ENGINE_TIME), a.get(sc.LLM_ENGINE_TIME_RECOMPUTE)
     if not isinstance(spent, (int, float)):
         return None
     if isinstance(again, (int, float)) and again > 0:
-        return f"{fmt_time(spent)}, {fmt_time(again)} of it recomputing"
+        return f"{fmt_time(spent)}, {fmt_time(again)} of it recompute work"
     return fmt_time(spent)
 
 

@@ -49,7 +49,7 @@ def stall_durations(requests: Sequence[RequestTrace]) -> list[float]:
 
 
 def engine_time_line(requests: Sequence[RequestTrace]) -> str | None:
-    """``engine time: 1.84 s over 40 requests, 0.31 s (17 %) of it recomputing after preemptions``: the
+    """``engine time: 1.84 s over 40 requests, 0.31 s (17%) of it recompute work after preemptions``: the
     sum of the requests' ``llm.engine.time``; None when the engine did not report its batches."""
     spent = [t.root.attributes.get(sc.LLM_ENGINE_TIME) for t in requests]
     again = [t.root.attributes.get(sc.LLM_ENGINE_TIME_RECOMPUTE) for t in requests]
@@ -60,7 +60,7 @@ def engine_time_line(requests: Sequence[RequestTrace]) -> str | None:
         return None
     share = f" ({wasted / total:.0%})" if total > 0 else ""
     return (
-        f"engine time: {total:.2f} s over {counted} requests, {wasted:.2f} s{share} of it recomputing "
+        f"engine time: {total:.2f} s over {counted} requests, {wasted:.2f} s{share} of it recompute work "
         "after preemptions"
     )
 
